@@ -1,0 +1,202 @@
+"""A tiny synthetic upstream: a fake ``vllm`` with versions 1.0 / 1.1 / 1.2 as sdists
+in a PEP 503 folder served on 127.0.0.1, and a fork project in a temp dir.
+
+1.0  the base the series is exported against
+1.1  upstream edits near the patched lines (context drift: a 3-way carry)
+1.2  upstream has merged the backport itself (the build must drop it)
+1.3  upstream rewrote the very line the backport changes (a conflict)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import io
+import tarfile
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from vllm_rbln_fork import log
+from vllm_rbln_fork.gitrepo import Repo
+from vllm_rbln_fork.pins import Pin
+from vllm_rbln_fork.project import Project
+from vllm_rbln_fork.series import render_series
+from vllm_rbln_fork.source import SourceSpec
+
+SETUP_PY = """\
+import os
+from setuptools import setup
+setup(name="vllm", version=os.environ["VLLM_VERSION_OVERRIDE"], packages=["vllm", "vllm.core"])
+"""
+PYPROJECT = '[build-system]\nrequires = ["setuptools"]\nbuild-backend = "setuptools.build_meta"\n'
+
+GATE_1_0 = """\
+def admit(prompt_tokens: int, free_slots: int) -> bool:
+    \"\"\"Admit a request if its prompt fits.\"\"\"
+    reserve = 0
+    needed = prompt_tokens
+    return needed <= free_slots
+
+
+def padding() -> int:
+    return 0
+"""
+# 1.1: upstream rewrote the docstring and added a function above: context drift.
+GATE_1_1 = '''\
+import math
+
+
+def admit(prompt_tokens: int, free_slots: int) -> bool:
+    """Admit a request only if its whole prompt fits in the free slots."""
+    reserve = 0
+    needed = prompt_tokens
+    return needed <= free_slots
+
+
+def padding() -> int:
+    return 0
+'''
+# 1.2: upstream contains the backport (the line the series changes).
+GATE_1_2 = GATE_1_1.replace("needed = prompt_tokens\n", "needed = prompt_tokens + 1\n")
+# 1.3: upstream changed the backport's own line another way.
+GATE_1_3 = GATE_1_1.replace("needed = prompt_tokens\n", "needed = 2 * prompt_tokens\n")
+
+FILES: dict[str, dict[str, str]] = {
+    "1.0": {"vllm/core/gate.py": GATE_1_0},
+    "1.1": {"vllm/core/gate.py": GATE_1_1},
+    "1.2": {"vllm/core/gate.py": GATE_1_2},
+    "1.3": {"vllm/core/gate.py": GATE_1_3},
+}
+
+
+def make_sdist(version: str, dest: Path, extra: dict[str, str] | None = None) -> Path:
+    files = {
+        "setup.py": SETUP_PY,
+        "pyproject.toml": PYPROJECT,
+        "PKG-INFO": f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n",
+        "vllm/__init__.py": f'__version__ = "{version}"\n',
+        "vllm/core/__init__.py": "",
+        ".gitignore": "vllm/core/\n",  # the importer must not honour ignore rules
+        **FILES[version],
+        **(extra or {}),
+    }
+    path = dest / f"vllm-{version}.tar.gz"
+    with tarfile.open(path, "w:gz") as tar:
+        for name, text in sorted(files.items()):
+            data = text.encode()
+            info = tarfile.TarInfo(f"vllm-{version}/{name}")
+            info.size, info.mtime, info.mode = len(data), 1_700_000_000 + int(float(version) * 10), 0o644
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+@dataclass
+class SyntheticIndex:
+    root: Path
+    url: str
+
+    def publish(self, sdist: Path) -> None:
+        """(Re)write the PEP 503 page for vllm with every sdist in the folder."""
+        project = self.root / "simple" / "vllm"
+        project.mkdir(parents=True, exist_ok=True)
+        if sdist.parent != project:
+            sdist.replace(project / sdist.name)
+        links = []
+        for f in sorted(project.glob("*.tar.gz")):
+            digest = hashlib.sha256(f.read_bytes()).hexdigest()
+            links.append(f'<a href="{f.name}#sha256={digest}">{f.name}</a><br/>')
+        (project / "index.html").write_text("<html><body>" + "\n".join(links) + "</body></html>")
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def index_server(tmp_path: Path) -> Iterator[SyntheticIndex]:
+    root = tmp_path / "index"
+    root.mkdir()
+    handler = lambda *a, **k: _QuietHandler(*a, directory=str(root), **k)  # noqa: E731
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    index = SyntheticIndex(root, f"http://127.0.0.1:{server.server_address[1]}/simple/")
+    for version in FILES:
+        index.publish(make_sdist(version, tmp_path))
+    yield index
+    server.shutdown()
+
+
+@pytest.fixture(autouse=True)
+def isolated_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("VLLM_RBLN_FORK_CACHE", str(cache))
+    return cache
+
+
+@pytest.fixture
+def recorder() -> log.RecordingReporter:
+    reporter = log.RecordingReporter()
+    log.set_reporter(reporter)
+    return reporter
+
+
+BACKPORT_MSG = """\
+Count one more slot at admission
+
+Upstream admits a request when its prompt fits, but the first decode step needs
+one slot more; without it the request is admitted and then preempted.
+
+Origin: backport, example/vllm#1
+"""
+RBLN_MSG = """\
+Add RBLN padding
+
+RBLN NPUs need requests padded to a multiple of the block; upstream has no
+such notion, so the fork carries it.
+
+Origin: rbln
+"""
+
+
+@dataclass
+class Fork:
+    project: Project
+    index: SyntheticIndex
+
+    def spec(self) -> SourceSpec:
+        return SourceSpec("index", self.index.url)
+
+
+def author_series(project: Project, index: SyntheticIndex, tmp_path: Path) -> None:
+    """Write the two-patch series on 1.0 the way a developer would: checkout, commit, export."""
+    from vllm_rbln_fork.workflow import checkout, export
+
+    project.patches_dir.mkdir(parents=True, exist_ok=True)
+    project.series_file.write_text(render_series(Pin.parse("1.0"), []))
+    tree = checkout(Pin.parse("1.0"), SourceSpec("index", index.url), project, tmp_path / "edit")
+    repo = Repo(tree, bare=False)
+    env = {
+        "GIT_AUTHOR_NAME": "Dev", "GIT_AUTHOR_EMAIL": "dev@example.invalid",
+        "GIT_AUTHOR_DATE": "@1700000000 +0000", "GIT_COMMITTER_NAME": "Dev",
+        "GIT_COMMITTER_EMAIL": "dev@example.invalid", "GIT_COMMITTER_DATE": "@1700000000 +0000",
+    }
+    gate = tree / "vllm/core/gate.py"
+    gate.write_text(gate.read_text().replace("needed = prompt_tokens\n", "needed = prompt_tokens + 1\n"))
+    repo.run("commit", "-q", "-a", "-m", BACKPORT_MSG, env=env, in_work_tree=True, cwd=tree)
+    gate.write_text(gate.read_text().replace("    return 0\n", "    return 16\n"))
+    repo.run("commit", "-q", "-a", "-m", RBLN_MSG, env=env, in_work_tree=True, cwd=tree)
+    export(tree, project)
+
+
+@pytest.fixture
+def fork(tmp_path: Path, index_server: SyntheticIndex) -> Fork:
+    project = Project(tmp_path / "project")
+    project.root.mkdir()
+    author_series(project, index_server, tmp_path)
+    return Fork(project, index_server)

@@ -1,0 +1,95 @@
+"""The build pipeline on the synthetic upstream: apply, carry, drop, lock, cache, reproducibility."""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from vllm_rbln_fork.pins import Pin
+from vllm_rbln_fork.pipeline import build
+
+
+def _read(wheel: Path, name: str) -> str:
+    with zipfile.ZipFile(wheel) as zf:
+        return zf.read(name).decode()
+
+
+def test_build_on_the_exported_pin_applies_every_patch(fork, recorder) -> None:
+    result = build(Pin.parse("1.0"), fork.spec(), fork.project)
+    assert result.wheel.name == "vllm-1.0+rbln.1-py3-none-any.whl"
+    gate = _read(result.wheel, "vllm/core/gate.py")
+    assert "needed = prompt_tokens + 1" in gate and "return 16" in gate
+    assert [p.name for p in result.manifest.applied] == [
+        "count-one-more-slot-at-admission.patch",
+        "add-rbln-padding.patch",
+    ]
+    inside = _read(result.wheel, "vllm/_rbln_build.py")
+    assert result.manifest.upstream_commit in inside
+    beside = json.loads(result.manifest_file.read_text())
+    assert beside["wheel_sha256"] and beside["applied"][0]["origin"] == "backport, example/vllm#1"
+    wheel_meta = _read(result.wheel, "vllm-1.0+rbln.1.dist-info/WHEEL")
+    assert "Tag: py3-none-any" in wheel_meta and "Root-Is-Purelib: true" in wheel_meta
+
+
+def test_carry_onto_a_pin_with_context_drift(fork) -> None:
+    result = build(Pin.parse("1.1"), fork.spec(), fork.project)
+    gate = _read(result.wheel, "vllm/core/gate.py")
+    assert gate.startswith("import math")  # 1.1's own change survives
+    assert "needed = prompt_tokens + 1" in gate and "return 16" in gate
+    assert result.manifest.dropped == ()
+
+
+def test_backport_already_upstream_is_dropped_and_said(fork, recorder) -> None:
+    result = build(Pin.parse("1.2"), fork.spec(), fork.project)
+    assert [p.name for p in result.manifest.applied] == ["add-rbln-padding.patch"]
+    [dropped] = result.manifest.dropped
+    assert dropped.name == "count-one-more-slot-at-admission.patch"
+    assert "Applied-Upstream: 1.2" in dropped.reason
+    assert any("dropped patches/count-one-more" in w for w in recorder.messages("warn"))
+
+
+def test_same_pin_gives_same_upstream_commit_and_same_wheel_bytes(fork, tmp_path, monkeypatch) -> None:
+    first = build(Pin.parse("1.0"), fork.spec(), fork.project)
+    first_bytes = first.wheel.read_bytes()
+    monkeypatch.setenv("VLLM_RBLN_FORK_CACHE", str(tmp_path / "other-cache"))
+    second = build(Pin.parse("1.0"), fork.spec(), fork.project)
+    assert not second.cached
+    assert second.manifest.upstream_commit == first.manifest.upstream_commit
+    assert second.wheel.read_bytes() == first_bytes
+
+
+def test_second_build_is_a_cache_hit(fork) -> None:
+    first = build(Pin.parse("1.0"), fork.spec(), fork.project)
+    second = build(Pin.parse("1.0"), fork.spec(), fork.project)
+    assert second.cached and second.manifest.wheel_sha256 == first.manifest.wheel_sha256
+
+
+def test_release_number_is_kept_per_tree_and_bumped_for_new_content(fork) -> None:
+    first = build(Pin.parse("1.0"), fork.spec(), fork.project)
+    patch = fork.project.patches_dir / "add-rbln-padding.patch"
+    patch.write_text(patch.read_text().replace("+    return 16", "+    return 32"))
+    second = build(Pin.parse("1.0"), fork.spec(), fork.project)
+    assert (first.manifest.fork_release, second.manifest.fork_release) == (1, 2)
+    patch.write_text(patch.read_text().replace("+    return 32", "+    return 16"))
+    third = build(Pin.parse("1.0"), fork.spec(), fork.project, use_cache=False)
+    assert third.manifest.fork_release == 1
+
+
+def test_conflict_names_patch_file_hunk_and_a_tree_to_resolve_it(fork) -> None:
+    from vllm_rbln_fork.errors import PatchDoesNotApply
+
+    dist_before = sorted(fork.project.dist_dir.glob("*")) if fork.project.dist_dir.exists() else []
+    with pytest.raises(PatchDoesNotApply) as err:
+        build(Pin.parse("1.3"), fork.spec(), fork.project)
+    message = str(err.value)
+    assert "patches/count-one-more-slot-at-admission.patch" in message
+    assert "vllm/core/gate.py: hunk at line" in message
+    tree = fork.project.work_dir / "conflict-v1.3"
+    assert str(tree) in message
+    gate = (tree / "vllm/core/gate.py").read_text()
+    assert "<<<<<<<" in gate and "needed = 2 * prompt_tokens" in gate
+    after = sorted(fork.project.dist_dir.glob("*")) if fork.project.dist_dir.exists() else []
+    assert after == dist_before

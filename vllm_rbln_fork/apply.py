@@ -1,0 +1,196 @@
+"""Apply the series: one commit per patch on the pin it was exported against, then
+carried onto the requested pin with git's 3-way merge (merge-ort), dropping what
+upstream already has.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import log
+from .errors import ForkError, PatchDoesNotApply
+from .gitrepo import Identity, Repo
+from .pins import Pin
+from .series import Patch, Series
+from .upstream import Upstream
+
+
+@dataclass(frozen=True)
+class Applied:
+    patch: Patch
+    commit: str
+
+
+@dataclass(frozen=True)
+class Dropped:
+    patch: Patch
+    reason: str
+
+
+@dataclass(frozen=True)
+class AppliedSeries:
+    upstream: Upstream
+    head: str
+    applied: tuple[Applied, ...]
+    dropped: tuple[Dropped, ...]
+
+
+def patch_identity(patch: Patch) -> Identity:
+    name, addr = email.utils.parseaddr(patch.author)
+    return Identity(name or "unknown", addr or "unknown@invalid", patch.date)
+
+
+def trailer_drop(patch: Patch, pin: Pin) -> str | None:
+    """The reason to skip ``patch`` at ``pin`` by its Applied-Upstream trailer, if any."""
+    version = patch.applied_upstream
+    if version is not None and pin.version >= version:
+        return f"Applied-Upstream: {version} (the pin {pin} contains it)"
+    return None
+
+
+def commit_series_on(repo: Repo, base: Upstream, series: Series, scratch: Path) -> list[Applied]:
+    """Commit every patch, in order, on the pin the series was exported against.
+
+    This needs no work tree: ``git apply --cached`` on a private index. The commits are
+    deterministic (author and date come from the patch), so they are the same everywhere.
+    """
+    env = {"GIT_INDEX_FILE": str(scratch / "index-base")}
+    repo.run("read-tree", base.commit, env=env)
+    head = base.commit
+    built = []
+    for patch in series.patches:
+        patch_file = scratch / patch.name
+        patch_file.write_text(patch.text)
+        status, out = repo.run("apply", "--cached", "--recount", str(patch_file), env=env, ok_codes=(0, 1))
+        if status != 0:
+            if trailer_drop(patch, base.pin):
+                continue
+            raise PatchDoesNotApply(
+                f"patches/{patch.name} does not apply to vllm {base.pin}, the pin the series "
+                f"says it was exported against:\n{out.strip()}\nThe patch file was edited by hand "
+                f"or the series order changed. Check it out with 'python build.py checkout --pin "
+                f"{base.pin}' at the last good state, fix it there and export again."
+            )
+        tree = repo.out("write-tree", env=env).strip()
+        head = repo.commit_tree(tree, [head], patch.message, patch_identity(patch))
+        built.append(Applied(patch, head))
+    return built
+
+
+def _reverse_applies(repo: Repo, head: str, patch: Patch, scratch: Path) -> bool:
+    env = {"GIT_INDEX_FILE": str(scratch / "index-check")}
+    repo.run("read-tree", head, env=env)
+    status, _ = repo.run(
+        "apply", "--cached", "--check", "--reverse", str(scratch / patch.name), env=env, ok_codes=(0, 1)
+    )
+    return status == 0
+
+
+def _three_way(repo: Repo, head: str, commit: str) -> tuple[str, list[str]]:
+    """Cherry-pick ``commit`` onto ``head`` in memory: merge-ort with base ``commit^``.
+
+    git 2.39's ``merge-tree --write-tree`` takes no explicit base, so give it one: a
+    throwaway commit with head's tree whose parent is ``commit^``.
+    """
+    parent = repo.out("rev-parse", f"{commit}^").strip()
+    ours = repo.commit_tree(repo.tree_of(head), [parent], "carry", Identity("carry", "carry@invalid", "@0 +0000"))
+    status, out = repo.run("merge-tree", "--write-tree", "--name-only", "--no-messages", ours, commit, ok_codes=(0, 1))
+    lines = out.splitlines()
+    return lines[0].strip(), [line.strip() for line in lines[1:] if line.strip()] if status == 1 else []
+
+
+def carry_series(
+    repo: Repo, built: list[Applied], base: Upstream, target: Upstream, scratch: Path, conflict_root: Path
+) -> AppliedSeries:
+    """Carry the commits made on ``base`` onto ``target``, dropping what upstream has."""
+    head = target.commit
+    applied: list[Applied] = []
+    dropped: list[Dropped] = []
+    for index, item in enumerate(built):
+        patch = item.patch
+        if reason := trailer_drop(patch, target.pin):
+            dropped.append(Dropped(patch, reason))
+            continue
+        if patch.is_backport and _reverse_applies(repo, head, patch, scratch):
+            dropped.append(Dropped(patch, _detected_reason(patch, target.pin, "it reverse-applies")))
+            continue
+        tree, conflicts = _three_way(repo, head, item.commit)
+        if conflicts:
+            rest = [b.commit for b in built[index:] if not trailer_drop(b.patch, target.pin)]
+            raise _conflict_error(repo, patch, target, head, rest, conflicts, conflict_root)
+        if tree == repo.tree_of(head):
+            if not patch.is_backport:
+                raise ForkError(
+                    f"patches/{patch.name} (Origin: {patch.origin_kind}) changes nothing on vllm "
+                    f"{target.pin}: upstream seems to contain it. An RBLN patch is never dropped "
+                    f"silently: remove it from the series, or give it 'Origin: backport, <ref>' "
+                    f"and 'Applied-Upstream: {target.pin}' if it was upstreamed."
+                )
+            dropped.append(Dropped(patch, _detected_reason(patch, target.pin, "applying it changes nothing")))
+            continue
+        # Same tree, parent, message and identity give the same id: on the base pin the
+        # carried commit is the one commit_series_on made.
+        head = repo.commit_tree(tree, [head], patch.message, patch_identity(patch))
+        applied.append(Applied(patch, head))
+    for drop in dropped:
+        log.warn(f"dropped patches/{drop.patch.name}: {drop.reason}")
+    return AppliedSeries(target, head, tuple(applied), tuple(dropped))
+
+
+def _detected_reason(patch: Patch, pin: Pin, how: str) -> str:
+    return (
+        f"already in vllm {pin} ({how}); add 'Applied-Upstream: {pin}' (or the first release "
+        f"that has {patch.origin_ref}) to its trailers"
+    )
+
+
+HUNK = re.compile(r"^<<<<<<< ", re.M)
+
+
+def _conflict_error(
+    repo: Repo, patch: Patch, target: Upstream, head: str, rest: list[str], files: list[str], root: Path
+) -> PatchDoesNotApply:
+    """Leave a work tree stopped at the conflict (a real ``git cherry-pick``) and describe it."""
+    tree = root / f"conflict-{target.label}"
+    repo.run("worktree", "prune")
+    if tree.exists():
+        repo.run("worktree", "remove", "--force", str(tree), ok_codes=(0, 128))
+        shutil.rmtree(tree, ignore_errors=True)
+    tree.parent.mkdir(parents=True, exist_ok=True)
+    repo.run("worktree", "add", "--detach", str(tree), head)
+    identity = Identity("vllm-rbln-fork", "vllm-rbln-fork@users.noreply.invalid", "@0 +0000").env()
+    repo.run("cherry-pick", *rest, env=identity, cwd=tree, ok_codes=(0, 1), in_work_tree=True)
+    lines = [
+        f"patches/{patch.name} does not apply to vllm {target.pin}: upstream changed the code "
+        f"it touches. Conflicts:"
+    ]
+    for name in files:
+        path = tree / name
+        text = path.read_text(errors="replace") if path.is_file() else ""
+        starts = [text.count("\n", 0, m.start()) + 1 for m in HUNK.finditer(text)]
+        where = ", ".join(f"hunk at line {n}" for n in starts) or "file-level conflict (added/deleted/renamed)"
+        lines.append(f"  {name}: {where}")
+    lines.append(
+        f"A work tree stopped at the conflict is at {tree}: resolve the files there, 'git add' "
+        f"them, 'git cherry-pick --continue' (it carries the remaining patches too), then "
+        f"'python build.py export --dir {tree}'."
+    )
+    return PatchDoesNotApply("\n".join(lines))
+
+
+def materialize(repo: Repo, tree_dir: Path, index_file: Path, upstream_commit: str, head: str) -> None:
+    """Turn ``tree_dir`` (checked out at ``upstream_commit``) into ``head``, touching only what differs."""
+    env = {"GIT_WORK_TREE": str(tree_dir), "GIT_INDEX_FILE": str(index_file)}
+    repo.run("read-tree", "-m", "-u", upstream_commit, head, env=env, cwd=tree_dir)
+
+
+def checkout_into(repo: Repo, commit: str, tree_dir: Path, index_file: Path) -> None:
+    """Write ``commit``'s files into the empty directory ``tree_dir``."""
+    tree_dir.mkdir(parents=True, exist_ok=True)
+    env = {"GIT_WORK_TREE": str(tree_dir), "GIT_INDEX_FILE": str(index_file)}
+    repo.run("read-tree", commit, env=env)
+    repo.run("checkout-index", "--all", "--force", env=env, cwd=tree_dir)

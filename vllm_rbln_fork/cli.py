@@ -1,0 +1,162 @@
+"""Command line: parse, call the library, print. No work happens here."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
+
+from . import log
+from .errors import ForkError
+from .pins import Pin
+from .project import Project
+from .source import SourceSpec
+
+console = Console(stderr=True, highlight=False)
+
+
+class RichReporter:
+    """Phases with timings, and a progress bar for downloads."""
+
+    def __init__(self) -> None:
+        self._bars: dict[str, tuple[Progress, object]] = {}
+
+    def phase_start(self, name: str) -> None:
+        console.print(f"[bold]==>[/bold] {name}")
+
+    def phase_end(self, name: str, seconds: float) -> None:
+        console.print(f"    [dim]{name}: {seconds:.1f} s[/dim]")
+
+    def message(self, level: str, text: str) -> None:
+        style = {"warn": "yellow", "info": ""}.get(level, "")
+        prefix = "warning: " if level == "warn" else ""
+        console.print(f"    [{style}]{prefix}{text}[/{style}]" if style else f"    {text}")
+
+    def progress(self, task: str, done: int, total: int | None) -> None:
+        if task not in self._bars:
+            bar = Progress(
+                "    [progress.description]{task.description}", BarColumn(), DownloadColumn(),
+                TransferSpeedColumn(), console=console, transient=False,
+            )
+            bar.start()
+            self._bars[task] = (bar, bar.add_task(task, total=total))
+        bar, task_id = self._bars[task]
+        bar.update(task_id, completed=done)  # type: ignore[arg-type]
+        if total is not None and done >= total:
+            bar.stop()
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="build.py",
+        description="Build an RBLN wheel of vLLM from a pinned release and the patch series.",
+        epilog="Other commands: 'build.py checkout', 'build.py export', 'build.py test' "
+        "(each with --help).",
+    )
+    parser.add_argument("--pin", required=True, help="the vLLM release to build, e.g. 0.31.0")
+    parser.add_argument("--index-url", help="PEP 503/691 index to fetch the sdist from (default: pip's)")
+    parser.add_argument("--source", help="build from a local sdist, a source tree, or git+URL@REF")
+    parser.add_argument("--no-cache", action="store_true", help="rebuild even if a cached wheel matches")
+    return parser
+
+
+def _checkout_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="build.py checkout",
+        description="Check the series out as a git work tree (one commit per patch) for editing.",
+    )
+    parser.add_argument("--pin", required=True)
+    parser.add_argument("--index-url")
+    parser.add_argument("--source")
+    parser.add_argument("--dir", type=Path, help="where (default: work/vllm-<pin>)")
+    return parser
+
+
+def _export_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="build.py export",
+        description="Write the commits of a checked-out tree back to patches/ and series.",
+    )
+    parser.add_argument("--dir", type=Path, required=True, help="the tree 'build.py checkout' made")
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    log.set_reporter(RichReporter())
+    command = argv[0] if argv and not argv[0].startswith("-") else "build"
+    try:
+        if command == "build":
+            return _build(_build_parser().parse_args(argv))
+        if command == "checkout":
+            return _checkout(_checkout_parser().parse_args(argv[1:]))
+        if command == "export":
+            return _export(_export_parser().parse_args(argv[1:]))
+        if command == "test":
+            from .testrunner import run_tests
+
+            return run_tests(argv[1:])
+        _build_parser().error(f"unknown command {command!r}")
+    except ForkError as exc:
+        console.print(f"[bold red]error:[/bold red] {exc}")
+        return 2
+    except KeyboardInterrupt:
+        console.print("[bold red]interrupted[/bold red]: dist/ and the caches are as they were")
+        return 130
+    return 0
+
+
+def _build(args: argparse.Namespace) -> int:
+    from .pipeline import build
+
+    start = time.perf_counter()
+    pin = Pin.parse(args.pin)
+    spec = SourceSpec.parse(args.source, args.index_url)
+    result = build(pin, spec, Project.default(), use_cache=not args.no_cache)
+    m = result.manifest
+    console.print(f"[bold green]built[/bold green] {result.wheel}  ({'cache hit, ' if result.cached else ''}"
+                  f"{time.perf_counter() - start:.1f} s)")
+    console.print(f"    manifest  {result.manifest_file}")
+    console.print(f"    sha256    {m.wheel_sha256}")
+    for p in m.applied:
+        console.print(f"    applied   {p.name}  [dim]({p.origin})[/dim]")
+    for p in m.dropped:
+        console.print(f"    [yellow]dropped[/yellow]   {p.name}: {p.reason}")
+    print(result.wheel)
+    return 0
+
+
+def _checkout(args: argparse.Namespace) -> int:
+    from .workflow import checkout
+
+    pin = Pin.parse(args.pin)
+    spec = SourceSpec.parse(args.source, args.index_url)
+    project = Project.default()
+    tree = checkout(pin, spec, project, args.dir or project.work_dir / f"vllm-{pin}")
+    console.print(f"[bold green]checked out[/bold green] the series at {tree}")
+    console.print("    edit with git (commit, rebase -i, --fixup), then:")
+    console.print(f"    python build.py export --dir {tree}")
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from .workflow import export
+
+    changed = export(args.dir.resolve(), Project.default())
+    if not changed:
+        console.print("export: patches/ and series are unchanged")
+    for name in changed:
+        console.print(f"    wrote {name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
+
+
+def console_main() -> None:
+    """The ``vllm-rbln-fork`` console script (same as ``python build.py``)."""
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,62 @@
+"""The errors a user can meet. Each message names the thing and the way out.
+
+The CLI prints these without a traceback; anything else is a bug and keeps one.
+"""
+
+from __future__ import annotations
+
+
+class ForkError(Exception):
+    """A build, review or publish cannot proceed; ``str()`` is the sentence to show."""
+
+
+class BadPin(ForkError):
+    """The pin is not a PEP 440 version."""
+
+
+class PinNotFound(ForkError):
+    """The index has no sdist for the pin."""
+
+
+class IndexUnreachable(ForkError):
+    """The package index could not be read."""
+
+
+class SourceHashMismatch(ForkError):
+    """A download does not match the hash the index or pins.lock promised."""
+
+
+class UnsafeSource(ForkError):
+    """An sdist is corrupt or holds paths that would escape its tree."""
+
+
+class SeriesError(ForkError):
+    """The series file or a patch in it is malformed, missing or fails lint."""
+
+
+class PatchDoesNotApply(ForkError):
+    """A patch conflicts with the tree it is applied to."""
+
+
+class WheelError(ForkError):
+    """The wheel build failed or produced something we refuse to ship."""
+
+
+class IndexConflict(ForkError):
+    """Publishing would overwrite a published file with different bytes."""
+
+
+class FailedProcess(ForkError):
+    """A subprocess exited non-zero; the message carries its command and output."""
+
+    def __init__(self, cmd: list[str], returncode: int, output: str, hint: str = "") -> None:
+        self.cmd = cmd
+        self.returncode = returncode
+        self.output = output
+        tail = "\n".join(output.strip().splitlines()[-40:])
+        text = f"command failed (exit {returncode}): {' '.join(cmd)}"
+        if tail:
+            text += f"\n--- last lines of its output ---\n{tail}"
+        if hint:
+            text += f"\n{hint}"
+        super().__init__(text)

@@ -1,0 +1,119 @@
+"""The one gateway to git (through GitPython), and the cache repo all pins share."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import git
+
+from .errors import FailedProcess
+
+# Fixed identity and config, so that the same inputs give the same commit ids anywhere.
+IDENTITY = ("vllm-rbln-fork", "vllm-rbln-fork@users.noreply.invalid")
+CONFIG = {
+    "core.autocrlf": "false",
+    "core.fileMode": "true",
+    "core.symlinks": "true",
+    "core.abbrev": "12",
+    "diff.algorithm": "myers",
+    "diff.renames": "true",
+    "diff.noprefix": "false",
+    "diff.mnemonicPrefix": "false",
+    "merge.conflictStyle": "diff3",
+    "gc.auto": "0",
+}
+# Blobs are stored exactly as the sdist has them: no eol conversion or filters from
+# the sdist's own .gitattributes.
+ATTRIBUTES = "* -text -eol -filter -ident\n"
+
+
+@dataclass(frozen=True)
+class Identity:
+    name: str
+    email: str
+    date: str  # anything git accepts, e.g. "@1700000000 +0000" or an RFC 2822 date
+
+    def env(self) -> dict[str, str]:
+        return {
+            "GIT_AUTHOR_NAME": self.name,
+            "GIT_AUTHOR_EMAIL": self.email,
+            "GIT_AUTHOR_DATE": self.date,
+            "GIT_COMMITTER_NAME": self.name,
+            "GIT_COMMITTER_EMAIL": self.email,
+            "GIT_COMMITTER_DATE": self.date,
+        }
+
+
+class Repo:
+    """A git repository driven through GitPython, with reproducible settings."""
+
+    def __init__(self, path: Path, *, bare: bool = True) -> None:
+        self.path = path
+        if not (path / "HEAD").exists() and not (path / ".git").exists():
+            path.mkdir(parents=True, exist_ok=True)
+            git.Repo.init(path, bare=bare, initial_branch="main")
+        self.repo = git.Repo(path)
+        self.git_dir = Path(self.repo.git_dir)
+        writer = self.repo.config_writer()
+        try:
+            for key, value in CONFIG.items():
+                section, option = key.rsplit(".", 1)
+                if not writer.has_option(section, option) or writer.get_value(section, option) != value:
+                    writer.set_value(section, option, value)
+        finally:
+            writer.release()
+        attributes = self.git_dir / "info" / "attributes"
+        if not attributes.exists() or attributes.read_text() != ATTRIBUTES:
+            attributes.parent.mkdir(exist_ok=True)
+            attributes.write_text(ATTRIBUTES)
+
+    def run(
+        self,
+        *args: str,
+        env: Mapping[str, str] | None = None,
+        ok_codes: tuple[int, ...] = (0,),
+        cwd: Path | None = None,
+        strip: bool = True,
+        in_work_tree: bool = False,
+    ) -> tuple[int, str]:
+        """Run ``git <args>`` in this repo; return (status, stdout); raise on other statuses.
+
+        ``in_work_tree``: run in ``cwd``, a linked work tree, letting git find its own git dir.
+        """
+        full_env = {**os.environ, "LC_ALL": "C", "GIT_CONFIG_NOSYSTEM": "1", **(env or {})}
+        if in_work_tree:
+            for var in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE"):
+                full_env.pop(var, None)
+        else:
+            full_env.setdefault("GIT_DIR", str(self.git_dir))
+        runner = git.Git(str(cwd)) if cwd else self.repo.git
+        status, out, err = runner.execute(
+            ["git", *args],
+            env=full_env,
+            with_extended_output=True,
+            with_exceptions=False,
+            strip_newline_in_stdout=strip,
+        )
+        if status not in ok_codes:
+            raise FailedProcess(["git", *args], status, f"{out}\n{err}")
+        return status, out
+
+    def out(self, *args: str, env: Mapping[str, str] | None = None) -> str:
+        return self.run(*args, env=env)[1]
+
+    def resolve(self, ref: str) -> str | None:
+        status, out = self.run("rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}", ok_codes=(0, 1))
+        return out.strip() if status == 0 else None
+
+    def commit_tree(self, tree: str, parents: list[str], message: str, identity: Identity) -> str:
+        args = ["commit-tree", tree]
+        for parent in parents:
+            args += ["-p", parent]
+        args += ["-m", message]
+        return self.out(*args, env=identity.env()).strip()
+
+    def tree_of(self, commit: str) -> str:
+        return self.out("rev-parse", f"{commit}^{{tree}}").strip()

@@ -1,0 +1,78 @@
+"""Progress events, decoupled from how they are shown.
+
+Library code calls ``step``/``info``/``warn``/``progress``; the CLI installs a
+reporter that renders them with rich, tests install one that records them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+class Reporter(Protocol):
+    def phase_start(self, name: str) -> None: ...
+    def phase_end(self, name: str, seconds: float) -> None: ...
+    def message(self, level: str, text: str) -> None: ...
+    def progress(self, task: str, done: int, total: int | None) -> None: ...
+
+
+@dataclass
+class RecordingReporter:
+    """Keeps every event; the default, and what tests read."""
+
+    events: list[tuple[str, str]] = field(default_factory=list)
+
+    def phase_start(self, name: str) -> None:
+        self.events.append(("phase", name))
+
+    def phase_end(self, name: str, seconds: float) -> None:
+        self.events.append(("phase-end", name))
+
+    def message(self, level: str, text: str) -> None:
+        self.events.append((level, text))
+
+    def progress(self, task: str, done: int, total: int | None) -> None:
+        pass
+
+    def messages(self, level: str) -> list[str]:
+        return [text for kind, text in self.events if kind == level]
+
+
+_reporter: ContextVar[Reporter] = ContextVar("reporter", default=RecordingReporter())
+
+
+def set_reporter(reporter: Reporter) -> None:
+    _reporter.set(reporter)
+
+
+def get_reporter() -> Reporter:
+    return _reporter.get()
+
+
+@contextmanager
+def phase(name: str) -> Iterator[None]:
+    """A named, timed stage of the work."""
+    reporter = _reporter.get()
+    reporter.phase_start(name)
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        reporter.phase_end(name, time.perf_counter() - start)
+
+
+def info(text: str) -> None:
+    _reporter.get().message("info", text)
+
+
+def warn(text: str) -> None:
+    _reporter.get().message("warn", text)
+
+
+def progress(task: str, done: int, total: int | None) -> None:
+    _reporter.get().progress(task, done, total)

@@ -1,0 +1,56 @@
+"""The build manifest: what went into a wheel, beside it in dist/ and inside it."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass(frozen=True)
+class PatchRecord:
+    name: str
+    sha256: str
+    origin: str
+    subject: str
+    reason: str = ""  # why it was dropped; empty for an applied patch
+
+
+@dataclass(frozen=True)
+class BuildManifest:
+    pin: str
+    wheel_version: str
+    fork_release: int
+    source_kind: str
+    source_file: str
+    source_sha256: str
+    upstream_commit: str
+    patched_commit: str
+    patched_tree: str
+    series_exported_against: str
+    source_date_epoch: int
+    tool_version: str
+    applied: tuple[PatchRecord, ...]
+    dropped: tuple[PatchRecord, ...]
+    wheel_file: str = ""
+    wheel_sha256: str = ""  # only in the copy beside the wheel: a file cannot hold its own hash
+    schema: int = field(default=1)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> BuildManifest:
+        data = json.loads(text)
+        data["applied"] = tuple(PatchRecord(**p) for p in data["applied"])
+        data["dropped"] = tuple(PatchRecord(**p) for p in data["dropped"])
+        return cls(**data)
+
+
+def module_source(manifest: BuildManifest) -> str:
+    """``vllm/_rbln_build.py``: the manifest, importable from the installed vllm."""
+    return (
+        '"""How this RBLN build of vLLM was made (written by vllm-rbln-fork; do not edit)."""\n\n'
+        "import json\n\n"
+        f"MANIFEST_JSON = {manifest.to_json()!r}\n"
+        "MANIFEST = json.loads(MANIFEST_JSON)\n"
+    )

@@ -1,0 +1,36 @@
+"""Where things live: the user cache (XDG) and the project's own files."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import platformdirs
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+def cache_root() -> Path:
+    """``$VLLM_RBLN_FORK_CACHE``, else the user cache dir (``$XDG_CACHE_HOME/vllm-rbln-fork``).
+
+    build.py computes the same path with the standard library alone.
+    """
+    if override := os.environ.get("VLLM_RBLN_FORK_CACHE"):
+        return Path(override)
+    return Path(platformdirs.user_cache_dir("vllm-rbln-fork", appauthor=False))
+
+
+def downloads_dir() -> Path:
+    return cache_root() / "downloads"
+
+
+def upstream_repo_dir() -> Path:
+    return cache_root() / "upstream.git"
+
+
+def wheel_cache_dir() -> Path:
+    return cache_root() / "wheels"
+
+
+def locks_dir() -> Path:
+    return cache_root() / "locks"

@@ -1,0 +1,244 @@
+"""The build: pin -> source -> upstream commit -> patched branch -> wheel -> dist/.
+
+Each stage's result is content-addressed and cached; only a finished wheel ever
+reaches dist/, and builds on one machine are serialised by a lock.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import filelock
+
+from . import __version__, log
+from .apply import AppliedSeries, carry_series, checkout_into, commit_series_on, materialize
+from .files import sha256_of, write_atomic
+from .gitrepo import Repo
+from .manifest import BuildManifest, PatchRecord
+from .paths import PROJECT_ROOT, cache_root, locks_dir, upstream_repo_dir, wheel_cache_dir
+from .pins import Pin, PinsLock
+from .project import Project
+from .releases import release_number
+from .series import Patch, Series, read_series
+from .source import SourceSpec, clone_ref, copy_tree, fetch_sdist, unpack_sdist
+from .upstream import Upstream, find, import_tree
+from .wheel import build_wheel
+
+TOOLS_LOCK = PROJECT_ROOT / "requirements" / "tools.lock"
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    wheel: Path
+    manifest_file: Path
+    manifest: BuildManifest
+    cached: bool
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A pin's upstream commit and, when it had to be unpacked, its files on disk."""
+
+    upstream: Upstream
+    source_kind: str
+    source_file: str
+    source_sha256: str
+    tree_dir: Path | None
+    index_file: Path | None
+
+
+@contextmanager
+def build_lock() -> Iterator[None]:
+    """One build at a time on this machine: they share the cache repo and dist/."""
+    locks_dir().mkdir(parents=True, exist_ok=True)
+    lock = filelock.FileLock(str(locks_dir() / "build.lock"))
+    try:
+        lock.acquire(timeout=0)
+    except filelock.Timeout:
+        log.info("another build is running on this machine; waiting for it to finish")
+        lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def scratch_dir() -> Path:
+    path = cache_root() / "tmp"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def prepare(
+    repo: Repo, pin: Pin, spec: SourceSpec, lock: PinsLock, scratch: Path,
+    fetched: tuple[Path, str] | None = None,
+) -> Prepared:
+    """Make sure ``pin``'s upstream commit exists; unpack only when it does not."""
+    if spec.is_canonical:
+        if fetched is None:
+            with log.phase(f"source vllm {pin}"):
+                fetched = fetch_sdist(pin, spec, lock)
+        sdist, sha256 = fetched
+        known = find(repo, pin)
+        if known is not None:
+            return Prepared(known, spec.kind, sdist.name, sha256, None, None)
+        with log.phase(f"import vllm {pin} into git"):
+            tree_dir, epoch = unpack_sdist(sdist, scratch / f"src-{pin}")
+            index_file = scratch / f"index-{pin}"
+            origin = f"{sdist.name} (sha256 {sha256})"
+            up = import_tree(repo, pin, tree_dir, epoch, origin, index_file, canonical=True)
+        return Prepared(up, spec.kind, sdist.name, sha256, tree_dir, index_file)
+    with log.phase(f"import {spec.kind} source {spec.location}"):
+        dest = scratch / f"src-{pin}"
+        if spec.kind == "git":
+            assert spec.ref is not None
+            tree_dir, epoch = clone_ref(spec.location, spec.ref, dest)
+            origin = f"git {spec.location} at {spec.ref}"
+        else:
+            tree_dir, epoch = copy_tree(Path(spec.location), dest)
+            origin = f"a local tree ({Path(spec.location).name})"
+        index_file = scratch / f"index-{pin}"
+        up = import_tree(repo, pin, tree_dir, epoch, origin, index_file, canonical=False)
+    return Prepared(up, spec.kind, spec.location, "", tree_dir, index_file)
+
+
+def apply_series(
+    repo: Repo, series: Series, target: Prepared, spec: SourceSpec, lock: PinsLock, scratch: Path, project: Project
+) -> AppliedSeries:
+    """Commit the series on the pin it was exported against and carry it onto ``target``."""
+    base_pin = series.exported_against
+    if base_pin == target.upstream.pin:
+        base = target.upstream
+    else:
+        base_spec = spec if spec.kind == "index" else SourceSpec.parse(None, None)
+        base = prepare(repo, base_pin, base_spec, lock, scratch).upstream
+    with log.phase(f"apply {len(series.patches)} patches"):
+        built = commit_series_on(repo, base, series, scratch)
+        result = carry_series(repo, built, base, target.upstream, scratch, project.work_dir)
+        repo.run("update-ref", f"refs/heads/{target.upstream.branch}", result.head)
+    log.info(
+        f"branch {target.upstream.branch}: {len(result.applied)} applied, {len(result.dropped)} dropped"
+    )
+    return result
+
+
+def cache_key(source_identity: str, series: Series, pin: Pin) -> str:
+    digest = hashlib.sha256()
+    for part in (__version__, source_identity, series.fingerprint, str(pin), sha256_of(TOOLS_LOCK)):
+        digest.update(part.encode() + b"\0")
+    return digest.hexdigest()
+
+
+def build(pin: Pin, spec: SourceSpec, project: Project, *, use_cache: bool = True) -> BuildResult:
+    series = read_series(project.series_file, project.patches_dir)
+    for stray in series.stray_files:
+        log.warn(f"patches/{stray} is not named in {project.series_file.name}; it is not applied")
+    lock = PinsLock(project.pins_lock)
+    with build_lock(), tempfile.TemporaryDirectory(prefix="build-", dir=scratch_dir()) as tmp:
+        scratch = Path(tmp)
+        key = fetched = None
+        if spec.is_canonical:
+            with log.phase(f"source vllm {pin}"):
+                fetched = fetch_sdist(pin, spec, lock)
+            key = cache_key(fetched[1], series, pin)
+            if use_cache and (hit := _cached(key, project, pin)):
+                return hit
+        repo = Repo(upstream_repo_dir())
+        target = prepare(repo, pin, spec, lock, scratch, fetched)
+        if key is None:
+            key = cache_key(repo.tree_of(target.upstream.commit), series, pin)
+            if use_cache and (hit := _cached(key, project, pin)):
+                return hit
+        result = apply_series(repo, series, target, spec, lock, scratch, project)
+        tree_dir = scratch / "patched"
+        with log.phase("check out the patched tree"):
+            if target.tree_dir is not None and target.index_file is not None:
+                materialize(repo, target.tree_dir, target.index_file, target.upstream.commit, result.head)
+                tree_dir = target.tree_dir
+            else:
+                checkout_into(repo, result.head, tree_dir, scratch / "index-patched")
+        patched_tree = repo.tree_of(result.head)
+        n, new = release_number(project.releases_file, pin, patched_tree)
+        if new:
+            log.info(f"new fork release {pin}+rbln.{n} recorded in {project.releases_file.name}")
+        manifest = _manifest(pin, n, target, result, series, patched_tree)
+        with log.phase(f"build wheel {manifest.wheel_version}"):
+            wheel = build_wheel(tree_dir, manifest.wheel_version, target.upstream.epoch, manifest, scratch)
+        manifest = replace(manifest, wheel_file=wheel.name, wheel_sha256=sha256_of(wheel))
+        entry = _store(key, wheel, manifest)
+        return _install_into_dist(entry, project, cached=False)
+
+
+def _manifest(
+    pin: Pin, n: int, target: Prepared, result: AppliedSeries, series: Series, patched_tree: str
+) -> BuildManifest:
+    def record(patch: Patch, reason: str = "") -> PatchRecord:
+        return PatchRecord(patch.name, patch.sha256, patch.trailer("Origin") or "", patch.subject, reason)
+
+    return BuildManifest(
+        pin=str(pin),
+        wheel_version=f"{pin}+rbln.{n}",
+        fork_release=n,
+        source_kind=target.source_kind,
+        source_file=target.source_file if target.source_kind != "tree" else Path(target.source_file).name,
+        source_sha256=target.source_sha256,
+        upstream_commit=target.upstream.commit,
+        patched_commit=result.head,
+        patched_tree=patched_tree,
+        series_exported_against=str(series.exported_against),
+        source_date_epoch=target.upstream.epoch,
+        tool_version=__version__,
+        applied=tuple(record(a.patch) for a in result.applied),
+        dropped=tuple(record(d.patch, d.reason) for d in result.dropped),
+    )
+
+
+def _store(key: str, wheel: Path, manifest: BuildManifest) -> Path:
+    """Put the wheel and its manifest in the wheel cache, atomically."""
+    entry = wheel_cache_dir() / key
+    if entry.exists():
+        shutil.rmtree(entry)
+    wheel_cache_dir().mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{key[:12]}-", dir=wheel_cache_dir()))
+    shutil.copy2(wheel, tmp / wheel.name)
+    (tmp / "manifest.json").write_text(manifest.to_json())
+    tmp.rename(entry)
+    return entry
+
+
+def _cached(key: str, project: Project, pin: Pin) -> BuildResult | None:
+    entry = wheel_cache_dir() / key
+    if not (entry / "manifest.json").exists():
+        return None
+    manifest = BuildManifest.from_json((entry / "manifest.json").read_text())
+    wheel = entry / manifest.wheel_file
+    if not wheel.exists() or sha256_of(wheel) != manifest.wheel_sha256:
+        log.warn(f"the cached wheel in {entry} is damaged; rebuilding")
+        shutil.rmtree(entry, ignore_errors=True)
+        return None
+    # Keep the release ledger whole even if it was reverted since the first build.
+    release_number(project.releases_file, pin, manifest.patched_tree)
+    log.info(f"cache hit: {manifest.wheel_file} (same sdist, series and tool version)")
+    return _install_into_dist(entry, project, cached=True)
+
+
+def _install_into_dist(entry: Path, project: Project, *, cached: bool) -> BuildResult:
+    """Copy wheel and manifest into dist/ through temp files and renames: never half-written."""
+    manifest = BuildManifest.from_json((entry / "manifest.json").read_text())
+    dist = project.dist_dir
+    dist.mkdir(parents=True, exist_ok=True)
+    wheel = dist / manifest.wheel_file
+    manifest_file = dist / (manifest.wheel_file.removesuffix(".whl") + ".manifest.json")
+    for src, dest in ((entry / manifest.wheel_file, wheel), (entry / "manifest.json", manifest_file)):
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{dest.name}.", dir=dist)
+        os.close(fd)
+        shutil.copyfile(src, tmp_name)
+        os.replace(tmp_name, dest)
+    return BuildResult(wheel, manifest_file, manifest, cached)

@@ -1,0 +1,212 @@
+"""The patch series: ``series`` (quilt format) and ``patches/*.patch`` (git format-patch mbox).
+
+Each patch's commit message ends in DEP-3-style trailers::
+
+    Origin: backport, vllm-project/vllm#63288    (or: Origin: rbln)
+    Applied-Upstream: 0.34.0                      (optional: drop at or past this pin)
+    Forwarded: no                                 (optional)
+"""
+
+from __future__ import annotations
+
+import email
+import email.policy
+import hashlib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from packaging.version import InvalidVersion, Version
+
+from .errors import BadPin, SeriesError
+from .paths import PROJECT_ROOT
+from .pins import Pin
+
+SERIES_FILE = PROJECT_ROOT / "series"
+PATCHES_DIR = PROJECT_ROOT / "patches"
+EXPORTED_AGAINST = re.compile(r"^#\s*Exported-Against:\s*vllm\s+(\S+)\s*$")
+TRAILER = re.compile(r"^([A-Za-z][A-Za-z0-9-]*):\s+(.*\S)\s*$")
+ORIGIN_KINDS = ("backport", "rbln")
+
+
+@dataclass(frozen=True)
+class Patch:
+    name: str
+    sha256: str
+    author: str
+    date: str
+    subject: str
+    description: str
+    trailers: tuple[tuple[str, str], ...]
+    body: str  # the commit message below the subject, verbatim (description and trailers)
+    text: str  # the whole file, as git format-patch wrote it
+
+    def trailer(self, key: str) -> str | None:
+        for k, v in self.trailers:
+            if k.lower() == key.lower():
+                return v
+        return None
+
+    @property
+    def origin_kind(self) -> str | None:
+        origin = self.trailer("Origin")
+        return origin.split(",")[0].strip().lower() if origin else None
+
+    @property
+    def origin_ref(self) -> str | None:
+        origin = self.trailer("Origin")
+        if not origin or "," not in origin:
+            return None
+        return origin.split(",", 1)[1].strip() or None
+
+    @property
+    def applied_upstream(self) -> Version | None:
+        value = self.trailer("Applied-Upstream")
+        return Version(value) if value else None
+
+    @property
+    def is_backport(self) -> bool:
+        return self.origin_kind == "backport"
+
+    @property
+    def message(self) -> str:
+        """The commit message, as ``git am`` would make it."""
+        return f"{self.subject}\n\n{self.body}\n" if self.body else f"{self.subject}\n"
+
+
+@dataclass(frozen=True)
+class Series:
+    exported_against: Pin
+    patches: tuple[Patch, ...]
+    stray_files: tuple[str, ...]  # patches/*.patch that the series does not name
+
+    @property
+    def fingerprint(self) -> str:
+        """sha256 over the series order and every patch's bytes: part of the wheel cache key."""
+        digest = hashlib.sha256(str(self.exported_against).encode())
+        for patch in self.patches:
+            digest.update(f"\0{patch.name}\0{patch.sha256}".encode())
+        return digest.hexdigest()
+
+
+def parse_patch(name: str, data: bytes) -> Patch:
+    """Parse one ``git format-patch`` file; raise SeriesError naming it if it is not one."""
+    text = data.decode("utf-8")
+    if not text.startswith("From ") or "\ndiff --git " not in text:
+        raise SeriesError(
+            f"patches/{name} is not a git format-patch file (it must start with a 'From ' line "
+            f"and contain a 'diff --git'). Re-export it with 'python build.py export'."
+        )
+    header_text, _, rest = text.partition("\n\n")
+    msg = email.message_from_string(header_text + "\n\n", policy=email.policy.default)
+    subject = " ".join(str(msg.get("Subject", "")).split())
+    subject = re.sub(r"^\[PATCH[^\]]*\]\s*", "", subject)
+    body, sep, _diff = rest.partition("\n---\n")
+    if not sep:
+        body = rest.split("\ndiff --git ", 1)[0]
+    body = body.strip("\n")
+    description, trailers = _split_trailers(body)
+    return Patch(
+        name=name,
+        sha256=hashlib.sha256(data).hexdigest(),
+        author=str(msg.get("From", "")),
+        date=str(msg.get("Date", "")),
+        subject=subject,
+        description=description,
+        trailers=trailers,
+        body=body,
+        text=text,
+    )
+
+
+def _split_trailers(body: str) -> tuple[str, tuple[tuple[str, str], ...]]:
+    paragraphs = body.split("\n\n")
+    last = paragraphs[-1].strip().splitlines() if paragraphs else []
+    matches = [TRAILER.match(line) for line in last]
+    if last and all(matches):
+        trailers = tuple((m.group(1), m.group(2)) for m in matches if m)
+        return "\n\n".join(paragraphs[:-1]).strip(), trailers
+    return body.strip(), ()
+
+
+def lint(patch: Patch) -> list[str]:
+    """What is wrong with a patch's metadata; empty when it may be built."""
+    problems = []
+    kind = patch.origin_kind
+    if kind is None:
+        problems.append("it has no 'Origin:' trailer (Origin: backport, <upstream PR> or Origin: rbln)")
+    elif kind not in ORIGIN_KINDS:
+        problems.append(f"its Origin kind {kind!r} is not one of {', '.join(ORIGIN_KINDS)}")
+    if len(patch.description.split()) < 5:
+        problems.append("its message has no description of why it exists (a paragraph under the subject)")
+    if kind == "backport" and not patch.origin_ref:
+        problems.append(
+            "a backport must name what it backports ('Origin: backport, vllm-project/vllm#NNNNN'): "
+            "that is how the build knows when it goes"
+        )
+    if (value := patch.trailer("Applied-Upstream")) is not None:
+        try:
+            Version(value)
+        except InvalidVersion:
+            problems.append(f"'Applied-Upstream: {value}' is not a version")
+    return problems
+
+
+def read_series(series_file: Path = SERIES_FILE, patches_dir: Path = PATCHES_DIR) -> Series:
+    """Read and lint the series; every problem is a SeriesError naming the file and the fix."""
+    if not series_file.exists():
+        raise SeriesError(f"{series_file} does not exist. It lists the patches of the fork, one per line.")
+    exported_against: Pin | None = None
+    names: list[str] = []
+    for number, raw in enumerate(series_file.read_text().splitlines(), start=1):
+        line = raw.strip()
+        if match := EXPORTED_AGAINST.match(line):
+            try:
+                exported_against = Pin.parse(match.group(1))
+            except BadPin as exc:
+                raise SeriesError(f"{series_file.name} line {number}: {exc}") from None
+            continue
+        if not line or line.startswith("#"):
+            continue
+        name = line.split()[0]  # quilt allows options after the name; we take none
+        if len(line.split()) > 1:
+            raise SeriesError(
+                f"{series_file.name} line {number}: {line!r}: patch options are not supported; "
+                f"give one patch file name per line."
+            )
+        if "/" in name or name.startswith(".") or not name.endswith(".patch"):
+            raise SeriesError(
+                f"{series_file.name} line {number}: {name!r} is not a patch file name in patches/ "
+                f"(a plain name ending in .patch)."
+            )
+        if name in names:
+            raise SeriesError(f"{series_file.name} line {number}: {name} is listed twice.")
+        names.append(name)
+    if exported_against is None:
+        raise SeriesError(
+            f"{series_file.name} has no '# Exported-Against: vllm <version>' header line; "
+            f"'python build.py export' writes it."
+        )
+    patches = []
+    for name in names:
+        path = patches_dir / name
+        if not path.is_file():
+            raise SeriesError(
+                f"{series_file.name} names {name}, but patches/{name} does not exist. Restore the "
+                f"file or remove the line from {series_file.name}."
+            )
+        patch = parse_patch(name, path.read_bytes())
+        if problems := lint(patch):
+            raise SeriesError(f"patches/{name} fails lint: " + "; ".join(problems) + ".")
+        patches.append(patch)
+    stray = tuple(sorted(p.name for p in patches_dir.glob("*.patch") if p.name not in names))
+    return Series(exported_against, tuple(patches), stray)
+
+
+def render_series(exported_against: Pin, names: list[str]) -> str:
+    header = (
+        "# The RBLN patch series for vLLM, applied in this order (quilt format:\n"
+        "# one file of patches/ per line). Written by 'python build.py export'.\n"
+        f"# Exported-Against: vllm {exported_against}\n"
+    )
+    return header + "".join(f"{name}\n" for name in names)

@@ -1,0 +1,139 @@
+"""Where a pin's source comes from: the index (default), a local sdist/tree, or a git ref.
+
+Sdists are unpacked with tarfile's ``data`` filter: no absolute paths, no ``..``,
+no links out of the tree.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tarfile
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import log
+from .errors import ForkError, SourceHashMismatch, UnsafeSource
+from .files import sha256_of
+from .paths import downloads_dir
+from .pins import LockedSdist, Pin, PinsLock
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    """What the user asked for: ``kind`` is index, sdist, tree or git."""
+
+    kind: str
+    location: str  # index URL, local path, or git URL
+    ref: str | None = None
+
+    @classmethod
+    def parse(cls, source: str | None, index_url: str | None) -> SourceSpec:
+        if source is None:
+            if index_url is None:
+                from .index import configured_index_url  # asks pip: only when needed
+
+                index_url = configured_index_url()
+            return cls("index", index_url)
+        if source.startswith("git+"):
+            url, sep, ref = source[4:].rpartition("@")
+            if not sep or not url or not ref:
+                raise ForkError(f"--source {source!r}: write a git source as git+URL@REF.")
+            return cls("git", url, ref)
+        path = Path(source).expanduser().resolve()
+        if path.is_file() and path.name.endswith((".tar.gz", ".tgz")):
+            return cls("sdist", str(path))
+        if path.is_dir():
+            return cls("tree", str(path))
+        raise ForkError(
+            f"--source {source!r} is neither an sdist (.tar.gz), a directory, nor git+URL@REF."
+        )
+
+    @property
+    def is_canonical(self) -> bool:
+        """The pin's released sdist: the only source that gets the ``upstream/v<pin>`` tag."""
+        return self.kind in ("index", "sdist")
+
+
+def fetch_sdist(pin: Pin, spec: SourceSpec, lock: PinsLock) -> tuple[Path, str]:
+    """Return (path of the pin's sdist, its sha256), checked against pins.lock.
+
+    A cached download whose hash matches the lock is used without asking the index.
+    """
+    if spec.kind == "sdist":
+        path = Path(spec.location)
+        sha256 = sha256_of(path)
+        lock.check_or_record(pin, LockedSdist(path.name, sha256, path.stat().st_size))
+        return path, sha256
+    locked = lock.get(pin)
+    if locked is not None:
+        cached = downloads_dir() / locked.filename
+        if cached.exists() and sha256_of(cached) == locked.sha256:
+            return cached, locked.sha256
+    from . import index  # the index client is heavy to import: not on the cache-hit path
+
+    remote = index.find_sdist(pin, spec.location)
+    if locked is not None and locked.sha256 != remote.sha256:
+        raise SourceHashMismatch(
+            f"the index {spec.location} offers {remote.filename} with sha256 {remote.sha256}, but "
+            f"pins.lock recorded {locked.sha256} for vllm {pin}. Nothing was downloaded or built. "
+            f"Use the index the lock was made from (--index-url), or, if upstream really "
+            f"re-released it, remove the entry from pins.lock after review."
+        )
+    downloads_dir().mkdir(parents=True, exist_ok=True)
+    path = index.download(remote, downloads_dir() / remote.filename)
+    if lock.check_or_record(pin, remote.locked):
+        log.info(f"recorded {remote.filename} sha256 {remote.sha256} in pins.lock")
+    return path, remote.sha256
+
+
+def unpack_sdist(sdist: Path, dest: Path) -> tuple[Path, int]:
+    """Unpack safely into ``dest``; return (the sdist's top directory, SOURCE_DATE_EPOCH).
+
+    The epoch is the newest mtime among the sdist's members: a fact of the release,
+    the same on every machine.
+    """
+    try:
+        with tarfile.open(sdist, "r:gz") as tar:
+            members = tar.getmembers()
+            tar.extractall(dest, filter="data")
+    except tarfile.FilterError as exc:
+        raise UnsafeSource(
+            f"{sdist.name} holds an unsafe member ({exc}); nothing from it was used. "
+            f"Do not build from this file; fetch the sdist again from a trusted index."
+        ) from None
+    except (tarfile.TarError, EOFError, zlib.error, OSError) as exc:
+        raise UnsafeSource(
+            f"{sdist.name} is truncated or corrupt ({exc}). Delete it and run again to "
+            f"download it afresh."
+        ) from None
+    tops = {m.name.split("/", 1)[0] for m in members}
+    if len(tops) != 1 or not (dest / next(iter(tops))).is_dir():
+        raise UnsafeSource(f"{sdist.name} does not unpack into one top-level directory, as an sdist must.")
+    epoch = max((m.mtime for m in members), default=0)
+    return dest / next(iter(tops)), int(epoch)
+
+
+def copy_tree(src: Path, dest: Path) -> tuple[Path, int]:
+    """Copy a local tree (without any .git) to ``dest``; the epoch is its newest file mtime."""
+    shutil.copytree(src, dest, symlinks=True, ignore=shutil.ignore_patterns(".git"))
+    epoch = 0
+    for root, _dirs, files in os.walk(dest):
+        for name in files:
+            epoch = max(epoch, int(os.lstat(os.path.join(root, name)).st_mtime))
+    return dest, epoch
+
+
+def clone_ref(url: str, ref: str, dest: Path) -> tuple[Path, int]:
+    """Check out ``ref`` of ``url`` into ``dest`` (GitPython); the epoch is the commit's date."""
+    import git
+
+    try:
+        repo = git.Repo.clone_from(url, dest, no_checkout=True)
+        repo.git.checkout(ref)
+    except git.GitCommandError as exc:
+        raise ForkError(f"cannot check out {ref!r} from {url}: {exc.stderr.strip()}") from None
+    epoch = int(repo.head.commit.committed_date)
+    shutil.rmtree(dest / ".git")
+    return dest, epoch

@@ -1,0 +1,120 @@
+"""Build the patched tree into a reproducible, pure ``py3-none-any`` wheel."""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+from wheel.wheelfile import WheelFile
+
+from . import proc
+from .errors import WheelError
+from .manifest import BuildManifest, module_source
+
+COMPILED_SUFFIXES = (".so", ".pyd", ".dll", ".dylib", ".o", ".a", ".exe")
+MANIFEST_MODULE = "vllm/_rbln_build.py"
+
+
+def build_env(version: str, epoch: int) -> dict[str, str]:
+    """Everything that must be fixed for two builds to give the same bytes."""
+    # PYTHONPATH goes too: this repo's build.py would shadow pypa's ``build``.
+    env = {
+        k: v for k, v in os.environ.items()
+        if not k.startswith(("VLLM_", "SETUPTOOLS_SCM")) and k != "PYTHONPATH"
+    }
+    env.update(
+        VLLM_TARGET_DEVICE="empty",
+        VLLM_VERSION_OVERRIDE=version,
+        SOURCE_DATE_EPOCH=str(epoch),
+        LC_ALL="C.UTF-8",
+        TZ="UTC",
+        PYTHONHASHSEED="0",
+    )
+    return env
+
+
+def build_wheel(tree: Path, version: str, epoch: int, manifest: BuildManifest, out_dir: Path) -> Path:
+    """Build ``tree`` with vLLM's own setup.py (no kernels), then make it the wheel we ship."""
+    old_umask = os.umask(0o022)
+    try:
+        with tempfile.TemporaryDirectory(prefix="wheel-", dir=out_dir) as tmp:
+            raw_dir = Path(tmp) / "raw"
+            proc.run(
+                [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", raw_dir, tree],
+                env=build_env(version, epoch),
+                cwd=tree,
+                hint="vLLM's setup.py failed on the patched tree; its output is above.",
+            )
+            raw = _single_wheel(raw_dir)
+            return repack_pure(raw, version, epoch, manifest, out_dir, Path(tmp) / "unpacked")
+    finally:
+        os.umask(old_umask)
+
+
+def _single_wheel(directory: Path) -> Path:
+    wheels = sorted(directory.glob("*.whl"))
+    if len(wheels) != 1:
+        raise WheelError(f"the build produced {len(wheels)} wheels in {directory}, expected one.")
+    return wheels[0]
+
+
+def repack_pure(raw: Path, version: str, epoch: int, manifest: BuildManifest, out_dir: Path, scratch: Path) -> Path:
+    """Check ``raw`` has no compiled file, add the manifest, retag ``py3-none-any``.
+
+    vLLM tags even a kernel-less build for one CPython and platform; we check that it
+    really is pure and say so in the tag, so one wheel serves every server.
+    """
+    with zipfile.ZipFile(raw) as zf:
+        names = zf.namelist()
+        compiled = [n for n in names if n.endswith(COMPILED_SUFFIXES)]
+        if compiled:
+            raise WheelError(
+                f"the wheel contains compiled files ({', '.join(compiled[:5])}); an RBLN build must "
+                f"be pure Python (VLLM_TARGET_DEVICE=empty). Refusing to tag it py3-none-any."
+            )
+        zf.extractall(scratch)
+    dist_info = _only(scratch.glob("*.dist-info"), "dist-info directory")
+    metadata_version = _field(dist_info / "METADATA", "Version")
+    if metadata_version != version:
+        raise WheelError(
+            f"vLLM's setup.py built version {metadata_version}, not {version}: it no longer "
+            f"honours VLLM_VERSION_OVERRIDE. Check setup.py's get_vllm_version() for this pin."
+        )
+    wheel_meta = dist_info / "WHEEL"
+    kept = [
+        line for line in wheel_meta.read_text().splitlines()
+        if not line.startswith(("Tag:", "Root-Is-Purelib:"))
+    ]
+    wheel_meta.write_text("\n".join([*kept, "Root-Is-Purelib: true", "Tag: py3-none-any"]) + "\n")
+    (dist_info / "RECORD").unlink()
+    (scratch / MANIFEST_MODULE).write_text(module_source(manifest))
+    name = dist_info.name.removesuffix(".dist-info")  # vllm-<version>
+    target = out_dir / f"{name}-py3-none-any.whl"
+    previous = os.environ.get("SOURCE_DATE_EPOCH")
+    os.environ["SOURCE_DATE_EPOCH"] = str(epoch)  # WheelFile stamps every entry with it
+    try:
+        with WheelFile(target, "w") as wf:
+            wf.write_files(str(scratch))
+    finally:
+        if previous is None:
+            del os.environ["SOURCE_DATE_EPOCH"]
+        else:
+            os.environ["SOURCE_DATE_EPOCH"] = previous
+    return target
+
+
+def _only(paths: object, what: str) -> Path:
+    found = list(paths)  # type: ignore[call-overload]
+    if len(found) != 1:
+        raise WheelError(f"the wheel has {len(found)} {what}s, expected one.")
+    return Path(found[0])
+
+
+def _field(path: Path, key: str) -> str:
+    for line in path.read_text().splitlines():
+        if line.startswith(f"{key}: "):
+            return line.split(": ", 1)[1].strip()
+    raise WheelError(f"{path.name} has no {key} field.")

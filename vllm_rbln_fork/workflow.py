@@ -1,0 +1,112 @@
+"""The edit loop (quilt push/pop/refresh, git style): checkout the series as a git
+tree with one commit per patch, edit with ordinary git, export back to patches/.
+"""
+
+from __future__ import annotations
+
+import re
+import tempfile
+from pathlib import Path
+
+from .errors import ForkError, SeriesError
+from .files import write_atomic
+from .gitrepo import Repo
+from .paths import upstream_repo_dir
+from .pins import Pin, PinsLock
+from .pipeline import apply_series, build_lock, prepare, scratch_dir
+from .project import Project
+from .series import lint, parse_patch, read_series, render_series
+from .source import SourceSpec
+
+# Pinned so that exporting an unchanged branch changes no byte, whatever the
+# user's git config says. Blob ids are abbreviated to a fixed length; they stay
+# put because patches are exported against one recorded pin.
+FORMAT_PATCH = (
+    "format-patch", "-1", "--stdout", "--keep-subject", "--no-stat", "--no-signature",
+    "--zero-commit", "--no-numbered", "--no-color", "--no-ext-diff", "--no-textconv",
+    "--find-renames", "--abbrev=12", "--encoding=UTF-8", "--no-notes", "--no-add-header",
+)
+
+
+def checkout(pin: Pin, spec: SourceSpec, project: Project, dest: Path) -> Path:
+    """Apply the series at ``pin`` and clone its branch to ``dest`` for editing."""
+    if dest.exists():
+        raise ForkError(
+            f"{dest} already exists. Export it first ('python build.py export --dir {dest}') "
+            f"or delete it, then check out again."
+        )
+    series = read_series(project.series_file, project.patches_dir)
+    with build_lock(), tempfile.TemporaryDirectory(prefix="checkout-", dir=scratch_dir()) as tmp:
+        repo = Repo(upstream_repo_dir())
+        lock = PinsLock(project.pins_lock)
+        target = prepare(repo, pin, spec, lock, Path(tmp))
+        result = apply_series(repo, series, target, spec, lock, Path(tmp), project)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        repo.run("clone", "--quiet", "--branch", target.upstream.branch, str(repo.git_dir), str(dest))
+    Repo(dest, bare=False)  # the same pinned config as the cache repo
+    del result
+    return dest
+
+
+def slug(subject: str) -> str:
+    """A patch file name from its subject: lower case, dashes, at most 64 characters."""
+    text = re.sub(r"[^a-z0-9]+", "-", subject.lower()).strip("-")
+    return (text[:64].rstrip("-") or "patch") + ".patch"
+
+
+def export(tree: Path, project: Project) -> list[str]:
+    """Write one patch per commit since the upstream root, and the series; return changed files.
+
+    Everything is checked and rendered first, then written: a failing export writes nothing.
+    """
+    if not (tree / ".git").exists():
+        raise ForkError(f"{tree} is not a git work tree made by 'python build.py checkout'.")
+    repo = Repo(tree, bare=False)
+    roots = repo.out("rev-list", "--max-parents=0", "HEAD").split()
+    if len(roots) != 1:
+        raise ForkError(f"{tree}: HEAD must descend from exactly one upstream commit, found {len(roots)}.")
+    tags = [t for t in repo.out("tag", "--points-at", roots[0], "--list", "upstream/v*").split()]
+    if not tags:
+        raise ForkError(f"{tree}: the root commit carries no upstream/v<pin> tag; was it made by checkout?")
+    pin = Pin.parse(tags[0].removeprefix("upstream/v").split("-src.")[0])
+    commits = repo.out("rev-list", "--reverse", "--topo-order", f"{roots[0]}..HEAD").split()
+    merges = repo.out("rev-list", "--merges", f"{roots[0]}..HEAD").split()
+    if merges:
+        raise ForkError(f"{tree}: the series must be linear; rebase away merge commit {merges[0][:12]}.")
+
+    rendered: dict[str, str] = {}
+    for commit in commits:
+        text = repo.run(*FORMAT_PATCH, commit, strip=False)[1]
+        name = slug(text.split("\nSubject: ", 1)[1].split("\n", 1)[0])
+        if name in rendered:
+            raise SeriesError(f"two commits have subjects that give the same file name {name}; reword one.")
+        patch = parse_patch(name, text.encode())
+        if problems := lint(patch):
+            raise SeriesError(
+                f"commit {commit[:12]} ({patch.subject!r}) fails lint: " + "; ".join(problems)
+                + ". Fix its message with 'git commit --amend' or 'git rebase -i', then export again."
+            )
+        rendered[name] = text
+
+    old_names: list[str] = []
+    if project.series_file.exists():
+        try:
+            old_names = [p.name for p in read_series(project.series_file, project.patches_dir).patches]
+        except SeriesError:
+            old_names = []
+    changed = []
+    project.patches_dir.mkdir(parents=True, exist_ok=True)
+    for name, text in rendered.items():
+        path = project.patches_dir / name
+        if not path.exists() or path.read_text() != text:
+            write_atomic(path, text)
+            changed.append(f"patches/{name}")
+    for name in old_names:
+        if name not in rendered and (project.patches_dir / name).exists():
+            (project.patches_dir / name).unlink()
+            changed.append(f"patches/{name} (removed)")
+    series_text = render_series(pin, list(rendered))
+    if not project.series_file.exists() or project.series_file.read_text() != series_text:
+        write_atomic(project.series_file, series_text)
+        changed.append(project.series_file.name)
+    return changed
