@@ -16,7 +16,7 @@ from .pins import Pin
 from .project import Project
 from .source import SourceSpec
 
-console = Console(stderr=True, highlight=False)
+console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 class RichReporter:

@@ -33,3 +33,15 @@ def run(
     if result.returncode != 0:
         raise FailedProcess(args, result.returncode, result.stdout, hint)
     return result.stdout
+
+
+def stream(
+    cmd: Sequence[str | os.PathLike[str]], *, cwd: Path | None = None, env: Mapping[str, str] | None = None
+) -> int:
+    """Run ``cmd`` with its output going straight to the terminal; return its exit status.
+
+    For long runs a user watches (test suites), where capturing would hide progress.
+    """
+    return subprocess.run(
+        [str(c) for c in cmd], cwd=cwd, env=dict(env) if env is not None else None, check=False
+    ).returncode

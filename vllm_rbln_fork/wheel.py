@@ -86,7 +86,7 @@ def repack_pure(raw: Path, version: str, epoch: int, manifest: BuildManifest, ou
     wheel_meta = dist_info / "WHEEL"
     kept = [
         line for line in wheel_meta.read_text().splitlines()
-        if not line.startswith(("Tag:", "Root-Is-Purelib:"))
+        if line.strip() and not line.startswith(("Tag:", "Root-Is-Purelib:"))
     ]
     wheel_meta.write_text("\n".join([*kept, "Root-Is-Purelib: true", "Tag: py3-none-any"]) + "\n")
     (dist_info / "RECORD").unlink()

@@ -1,0 +1,164 @@
+"""``python build.py test``: every test tier, set up from nothing.
+
+tooling   pytest in the tool env: unit tests and the synthetic upstream (seconds)
+scheduler pytest in a vLLM venv with the real patched wheel installed (minutes)
+upstream  vLLM's own tests/v1/core against the patched and unpatched trees (minutes)
+e2e       the wheel through a real index server into a fresh venv (minutes)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import log, proc
+from .apply import checkout_into
+from .files import sha256_of
+from .gitrepo import Repo
+from .paths import PROJECT_ROOT, cache_root, upstream_repo_dir
+from .pins import Pin
+from .pipeline import BuildResult, build
+from .project import Project
+from .source import SourceSpec
+
+TIERS = ("tooling", "scheduler", "upstream", "e2e")
+VLLM_TEST_LOCK = PROJECT_ROOT / "requirements" / "vllm-test.lock"
+HF_FIXTURES = PROJECT_ROOT / "tests" / "fixtures" / "hf"
+VARIANTS = PROJECT_ROOT / "tests" / "scheduler" / "variants"
+
+
+@dataclass(frozen=True)
+class Counts:
+    passed: int = 0
+    failed: int = 0
+    skipped: int = 0
+
+    def __add__(self, other: Counts) -> Counts:
+        return Counts(self.passed + other.passed, self.failed + other.failed, self.skipped + other.skipped)
+
+
+def _junit_counts(path: Path) -> Counts:
+    if not path.exists():
+        return Counts(failed=1)  # pytest died before writing a report
+    root = ET.parse(path).getroot()
+    suites = [root] if root.tag == "testsuite" else list(root)
+    total = failed = skipped = 0
+    for suite in suites:
+        total += int(suite.get("tests", 0))
+        failed += int(suite.get("failures", 0)) + int(suite.get("errors", 0))
+        skipped += int(suite.get("skipped", 0))
+    return Counts(total - failed - skipped, failed, skipped)
+
+
+def _pytest(python: Path, paths: list[str], env: dict[str, str], report: Path, extra: list[str]) -> Counts:
+    status = proc.stream(
+        [python, "-m", "pytest", *paths, f"--junitxml={report}", "-p", "no:cacheprovider", *extra],
+        cwd=PROJECT_ROOT, env=env,
+    )
+    counts = _junit_counts(report)
+    if status not in (0, 1) and counts.failed == 0:
+        counts = counts + Counts(failed=1)  # usage error, or no tests collected: a failure here
+    return counts
+
+
+def vllm_venv(wheel: Path) -> Path:
+    """A venv with vLLM's pinned runtime deps and this wheel; made once, the wheel refreshed."""
+    key = sha256_of(VLLM_TEST_LOCK)[:16]
+    env_dir = cache_root() / "venvs" / f"vllm-test-{key}"
+    python = env_dir / "bin" / "python"
+    if not (env_dir / ".complete").exists():
+        with log.phase(f"make the vLLM test venv {env_dir}"):
+            proc.run([sys.executable, "-m", "venv", "--clear", env_dir])
+            proc.run([python, "-m", "pip", "install", "--quiet", "-r", VLLM_TEST_LOCK])
+            (env_dir / ".complete").write_text("")
+    installed = env_dir / ".wheel-sha256"
+    digest = sha256_of(wheel)
+    if not installed.exists() or installed.read_text() != digest:
+        with log.phase(f"install {wheel.name} into the test venv"):
+            proc.run([python, "-m", "pip", "install", "--quiet", "--force-reinstall", "--no-deps", wheel])
+            proc.run([python, "-m", "pip", "check"], hint="the wheel needs a dependency missing from "
+                     f"{VLLM_TEST_LOCK.name}; add it there.")
+            installed.write_text(digest)
+    return python
+
+
+def source_tree(repo: Repo, commit: str, name: str) -> Path:
+    """A checkout of ``commit`` (the sdist's tests/ included), made once per commit."""
+    tree = cache_root() / "test-trees" / f"{name}-{commit[:12]}"
+    if not (tree / ".complete").exists():
+        with log.phase(f"check out {name} tree {commit[:12]}"), tempfile.TemporaryDirectory() as tmp:
+            proc.run(["rm", "-rf", tree])
+            checkout_into(repo, commit, tree, Path(tmp) / "index")
+            (tree / ".complete").write_text("")
+    return tree
+
+
+def variant_trees(repo: Repo, patched_commit: str) -> dict[str, str]:
+    """The patched tree with each ``tests/scheduler/variants/*.patch`` applied: the proof trees."""
+    trees = {}
+    for patch in sorted(VARIANTS.glob("*.patch")):
+        tree = cache_root() / "test-trees" / f"variant-{patch.stem}-{patched_commit[:12]}-{sha256_of(patch)[:8]}"
+        if not (tree / ".complete").exists():
+            with log.phase(f"make variant tree {patch.stem}"), tempfile.TemporaryDirectory() as tmp:
+                proc.run(["rm", "-rf", tree])
+                checkout_into(repo, patched_commit, tree, Path(tmp) / "index")
+                proc.run(["git", "apply", "--directory=", str(patch)], cwd=tree)
+                (tree / ".complete").write_text("")
+        trees[patch.stem] = str(tree)
+    return trees
+
+
+def run_tests(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="build.py test", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tier", action="append", choices=TIERS, help="run only these tiers")
+    parser.add_argument("--pin", default="0.31.0", help="the pin the vLLM tiers build and test")
+    parser.add_argument("pytest_args", nargs="*", help="passed to every pytest run (after --)")
+    args = parser.parse_args(argv)
+    tiers = args.tier or list(TIERS)
+    reports = Path(tempfile.mkdtemp(prefix="test-reports-"))
+    base_env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    total = Counts()
+
+    if "tooling" in tiers:
+        total += _pytest(Path(sys.executable), ["tests/unit", "tests/tooling"], base_env,
+                         reports / "tooling.xml", ["-n", "2", *args.pytest_args])
+
+    vllm_tiers = [t for t in tiers if t != "tooling"]
+    if vllm_tiers:
+        pin = Pin.parse(args.pin)
+        with log.phase(f"build the wheel of vllm {pin}"):
+            result: BuildResult = build(pin, SourceSpec.parse(None, None), Project.default())
+        repo = Repo(upstream_repo_dir())
+        patched = source_tree(repo, result.manifest.patched_commit, "patched")
+        upstream = source_tree(repo, result.manifest.upstream_commit, "upstream")
+        python = vllm_venv(result.wheel)
+        env = {
+            **base_env,
+            "VLLM_RBLN_SOURCE_TREE": str(patched),
+            "VLLM_RBLN_UPSTREAM_TREE": str(upstream),
+            "VLLM_RBLN_VLLM_PYTHON": str(python),
+            "VLLM_RBLN_WHEEL": str(result.wheel),
+            "VLLM_TARGET_DEVICE": "cpu",
+            "HF_HOME": str(HF_FIXTURES),
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+        }
+        if "scheduler" in tiers:
+            env["VLLM_RBLN_VARIANT_TREES"] = json.dumps(variant_trees(repo, result.manifest.patched_commit))
+            total += _pytest(python, ["tests/scheduler"], env, reports / "scheduler.xml",
+                             ["-n", "2", *args.pytest_args])
+        tool_paths = [p for p, t in (("tests/upstream", "upstream"), ("tests/e2e", "e2e")) if t in tiers]
+        tool_paths = [p for p in tool_paths if (PROJECT_ROOT / p).is_dir()]
+        if tool_paths:
+            total += _pytest(Path(sys.executable), tool_paths, env, reports / "tool-vllm.xml", args.pytest_args)
+
+    print(f"\nall tiers ({', '.join(tiers)}):")
+    print(f"{total.passed} passed, {total.failed} failed" + (f", {total.skipped} skipped" if total.skipped else ""))
+    return 0 if total.failed == 0 and total.passed > 0 else 1
