@@ -51,8 +51,16 @@ def ensure_tool_env(env_dir: Path) -> Path:
         venv.EnvBuilder(with_pip=True).create(env_dir)
         try:
             subprocess.run(
-                [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                 "-r", str(LOCK_FILE)],
+                [
+                    str(python),
+                    "-m",
+                    "pip",
+                    "install",
+                    "--quiet",
+                    "--disable-pip-version-check",
+                    "-r",
+                    str(LOCK_FILE),
+                ],
                 check=True,
             )
         except subprocess.CalledProcessError as exc:

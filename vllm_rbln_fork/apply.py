@@ -97,8 +97,12 @@ def _three_way(repo: Repo, head: str, commit: str) -> tuple[str, list[str]]:
     throwaway commit with head's tree whose parent is ``commit^``.
     """
     parent = repo.out("rev-parse", f"{commit}^").strip()
-    ours = repo.commit_tree(repo.tree_of(head), [parent], "carry", Identity("carry", "carry@invalid", "@0 +0000"))
-    status, out = repo.run("merge-tree", "--write-tree", "--name-only", "--no-messages", ours, commit, ok_codes=(0, 1))
+    ours = repo.commit_tree(
+        repo.tree_of(head), [parent], "carry", Identity("carry", "carry@invalid", "@0 +0000")
+    )
+    status, out = repo.run(
+        "merge-tree", "--write-tree", "--name-only", "--no-messages", ours, commit, ok_codes=(0, 1)
+    )
     lines = out.splitlines()
     return lines[0].strip(), [line.strip() for line in lines[1:] if line.strip()] if status == 1 else []
 
@@ -172,7 +176,9 @@ def _conflict_error(
         path = tree / name
         text = path.read_text(errors="replace") if path.is_file() else ""
         starts = [text.count("\n", 0, m.start()) + 1 for m in HUNK.finditer(text)]
-        where = ", ".join(f"hunk at line {n}" for n in starts) or "file-level conflict (added/deleted/renamed)"
+        where = (
+            ", ".join(f"hunk at line {n}" for n in starts) or "file-level conflict (added/deleted/renamed)"
+        )
         lines.append(f"  {name}: {where}")
     lines.append(
         f"A work tree stopped at the conflict is at {tree}: resolve the files there, 'git add' "

@@ -39,8 +39,12 @@ class RichReporter:
     def progress(self, task: str, done: int, total: int | None) -> None:
         if task not in self._bars:
             bar = Progress(
-                "    [progress.description]{task.description}", BarColumn(), DownloadColumn(),
-                TransferSpeedColumn(), console=console, transient=False,
+                "    [progress.description]{task.description}",
+                BarColumn(),
+                DownloadColumn(),
+                TransferSpeedColumn(),
+                console=console,
+                transient=False,
             )
             bar.start()
             self._bars[task] = (bar, bar.add_task(task, total=total))
@@ -54,8 +58,7 @@ def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="build.py",
         description="Build an RBLN wheel of vLLM from a pinned release and the patch series.",
-        epilog="Other commands: 'build.py checkout', 'build.py export', 'build.py test' "
-        "(each with --help).",
+        epilog="Other commands: 'build.py checkout', 'build.py export', 'build.py test' (each with --help).",
     )
     parser.add_argument("--pin", required=True, help="the vLLM release to build, e.g. 0.31.0")
     parser.add_argument("--index-url", help="PEP 503/691 index to fetch the sdist from (default: pip's)")
@@ -117,8 +120,10 @@ def _build(args: argparse.Namespace) -> int:
     spec = SourceSpec.parse(args.source, args.index_url)
     result = build(pin, spec, Project.default(), use_cache=not args.no_cache)
     m = result.manifest
-    console.print(f"[bold green]built[/bold green] {result.wheel}  ({'cache hit, ' if result.cached else ''}"
-                  f"{time.perf_counter() - start:.1f} s)")
+    console.print(
+        f"[bold green]built[/bold green] {result.wheel}  ({'cache hit, ' if result.cached else ''}"
+        f"{time.perf_counter() - start:.1f} s)"
+    )
     console.print(f"    manifest  {result.manifest_file}")
     console.print(f"    sha256    {m.wheel_sha256}")
     for p in m.applied:

@@ -99,7 +99,7 @@ class Repo:
         )
         if status not in ok_codes:
             raise FailedProcess(["git", *args], status, f"{out}\n{err}")
-        return status, out
+        return status, (out if status == 0 else f"{out}\n{err}".strip())
 
     def out(self, *args: str, env: Mapping[str, str] | None = None) -> str:
         return self.run(*args, env=env)[1]

@@ -61,7 +61,7 @@ def _sdist_versions(index_url: str) -> dict[Version, RemoteSdist]:
         with PyPISimple(endpoint=index_url) as client:
             page = client.get_project_page(PROJECT, timeout=60)
     except NoSuchProjectError:
-        raise PinNotFound(f"the index {index_url} has no project {PROJECT!r}. Check --index-url.")
+        raise PinNotFound(f"the index {index_url} has no project {PROJECT!r}. Check --index-url.") from None
     except requests.RequestException as exc:
         raise IndexUnreachable(
             f"cannot read the package index {index_url}: {exc}. Check the network or point "
@@ -90,8 +90,7 @@ def find_sdist(pin: Pin, index_url: str) -> RemoteSdist:
     nearest = sorted(releases, key=lambda v: _distance(v, pin.version))[:5]
     hint = ", ".join(str(v) for v in sorted(nearest)) or "none"
     raise PinNotFound(
-        f"vllm {pin} has no sdist on {index_url}. Nearby releases there: {hint}. "
-        f"Pick one of them with --pin."
+        f"vllm {pin} has no sdist on {index_url}. Nearby releases there: {hint}. Pick one of them with --pin."
     )
 
 
@@ -99,7 +98,7 @@ def _distance(a: Version, b: Version) -> tuple[int, ...]:
     width = 3
     ra = (list(a.release) + [0] * width)[:width]
     rb = (list(b.release) + [0] * width)[:width]
-    return tuple(abs(x - y) for x, y in zip(ra, rb))
+    return tuple(abs(x - y) for x, y in zip(ra, rb, strict=True))
 
 
 class _Progress:
@@ -133,7 +132,10 @@ def download(sdist: RemoteSdist, dest: Path) -> Path:
     try:
         with PyPISimple(endpoint=sdist.index_url) as client:
             client.download_package(
-                sdist.package, part, verify=True, progress=lambda total: _Progress(sdist.filename, total),
+                sdist.package,
+                part,
+                verify=True,
+                progress=lambda total: _Progress(sdist.filename, total),
                 timeout=120,
             )
     except DigestMismatchError as exc:

@@ -43,7 +43,8 @@ class RecordingReporter:
         return [text for kind, text in self.events if kind == level]
 
 
-_reporter: ContextVar[Reporter] = ContextVar("reporter", default=RecordingReporter())
+_reporter: ContextVar[Reporter | None] = ContextVar("reporter", default=None)
+_fallback = RecordingReporter()
 
 
 def set_reporter(reporter: Reporter) -> None:
@@ -51,13 +52,13 @@ def set_reporter(reporter: Reporter) -> None:
 
 
 def get_reporter() -> Reporter:
-    return _reporter.get()
+    return _reporter.get() or _fallback
 
 
 @contextmanager
 def phase(name: str) -> Iterator[None]:
     """A named, timed stage of the work."""
-    reporter = _reporter.get()
+    reporter = get_reporter()
     reporter.phase_start(name)
     start = time.perf_counter()
     try:
@@ -67,12 +68,12 @@ def phase(name: str) -> Iterator[None]:
 
 
 def info(text: str) -> None:
-    _reporter.get().message("info", text)
+    get_reporter().message("info", text)
 
 
 def warn(text: str) -> None:
-    _reporter.get().message("warn", text)
+    get_reporter().message("warn", text)
 
 
 def progress(task: str, done: int, total: int | None) -> None:
-    _reporter.get().progress(task, done, total)
+    get_reporter().progress(task, done, total)

@@ -19,7 +19,7 @@ import filelock
 
 from . import __version__, log
 from .apply import AppliedSeries, carry_series, checkout_into, commit_series_on, materialize
-from .files import sha256_of, write_atomic
+from .files import sha256_of
 from .gitrepo import Repo
 from .manifest import BuildManifest, PatchRecord
 from .paths import PROJECT_ROOT, cache_root, locks_dir, upstream_repo_dir, wheel_cache_dir
@@ -77,7 +77,11 @@ def scratch_dir() -> Path:
 
 
 def prepare(
-    repo: Repo, pin: Pin, spec: SourceSpec, lock: PinsLock, scratch: Path,
+    repo: Repo,
+    pin: Pin,
+    spec: SourceSpec,
+    lock: PinsLock,
+    scratch: Path,
     fetched: tuple[Path, str] | None = None,
 ) -> Prepared:
     """Make sure ``pin``'s upstream commit exists; unpack only when it does not."""
@@ -87,7 +91,7 @@ def prepare(
                 fetched = fetch_sdist(pin, spec, lock)
         sdist, sha256 = fetched
         known = find(repo, pin)
-        if known is not None:
+        if known is not None and sha256 in repo.out("log", "-1", "--format=%B", known.commit):
             return Prepared(known, spec.kind, sdist.name, sha256, None, None)
         with log.phase(f"import vllm {pin} into git"):
             tree_dir, epoch = unpack_sdist(sdist, scratch / f"src-{pin}")
@@ -110,7 +114,13 @@ def prepare(
 
 
 def apply_series(
-    repo: Repo, series: Series, target: Prepared, spec: SourceSpec, lock: PinsLock, scratch: Path, project: Project
+    repo: Repo,
+    series: Series,
+    target: Prepared,
+    spec: SourceSpec,
+    lock: PinsLock,
+    scratch: Path,
+    project: Project,
 ) -> AppliedSeries:
     """Commit the series on the pin it was exported against and carry it onto ``target``."""
     base_pin = series.exported_against
@@ -123,9 +133,7 @@ def apply_series(
         built = commit_series_on(repo, base, series, scratch)
         result = carry_series(repo, built, base, target.upstream, scratch, project.work_dir)
         repo.run("update-ref", f"refs/heads/{target.upstream.branch}", result.head)
-    log.info(
-        f"branch {target.upstream.branch}: {len(result.applied)} applied, {len(result.dropped)} dropped"
-    )
+    log.info(f"branch {target.upstream.branch}: {len(result.applied)} applied, {len(result.dropped)} dropped")
     return result
 
 

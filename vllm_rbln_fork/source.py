@@ -46,9 +46,7 @@ class SourceSpec:
             return cls("sdist", str(path))
         if path.is_dir():
             return cls("tree", str(path))
-        raise ForkError(
-            f"--source {source!r} is neither an sdist (.tar.gz), a directory, nor git+URL@REF."
-        )
+        raise ForkError(f"--source {source!r} is neither an sdist (.tar.gz), a directory, nor git+URL@REF.")
 
     @property
     def is_canonical(self) -> bool:
@@ -97,6 +95,14 @@ def unpack_sdist(sdist: Path, dest: Path) -> tuple[Path, int]:
     try:
         with tarfile.open(sdist, "r:gz") as tar:
             members = tar.getmembers()
+            for member in members:  # stricter than the data filter: no '..' even inside the tree
+                parts = member.name.split("/")
+                if member.name.startswith("/") or ".." in parts:
+                    raise UnsafeSource(
+                        f"{sdist.name} holds an unsafe member {member.name!r} (absolute or with '..'); "
+                        f"nothing from it was used. Do not build from this file; fetch the sdist "
+                        f"again from a trusted index."
+                    )
             tar.extractall(dest, filter="data")
     except tarfile.FilterError as exc:
         raise UnsafeSource(
@@ -105,8 +111,7 @@ def unpack_sdist(sdist: Path, dest: Path) -> tuple[Path, int]:
         ) from None
     except (tarfile.TarError, EOFError, zlib.error, OSError) as exc:
         raise UnsafeSource(
-            f"{sdist.name} is truncated or corrupt ({exc}). Delete it and run again to "
-            f"download it afresh."
+            f"{sdist.name} is truncated or corrupt ({exc}). Delete it and run again to download it afresh."
         ) from None
     tops = {m.name.split("/", 1)[0] for m in members}
     if len(tops) != 1 or not (dest / next(iter(tops))).is_dir():

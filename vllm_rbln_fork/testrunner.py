@@ -59,7 +59,8 @@ def _junit_counts(path: Path) -> Counts:
 def _pytest(python: Path, paths: list[str], env: dict[str, str], report: Path, extra: list[str]) -> Counts:
     status = proc.stream(
         [python, "-m", "pytest", *paths, f"--junitxml={report}", "-p", "no:cacheprovider", *extra],
-        cwd=PROJECT_ROOT, env=env,
+        cwd=PROJECT_ROOT,
+        env=env,
     )
     counts = _junit_counts(report)
     if status not in (0, 1) and counts.failed == 0:
@@ -82,8 +83,10 @@ def vllm_venv(wheel: Path) -> Path:
     if not installed.exists() or installed.read_text() != digest:
         with log.phase(f"install {wheel.name} into the test venv"):
             proc.run([python, "-m", "pip", "install", "--quiet", "--force-reinstall", "--no-deps", wheel])
-            proc.run([python, "-m", "pip", "check"], hint="the wheel needs a dependency missing from "
-                     f"{VLLM_TEST_LOCK.name}; add it there.")
+            proc.run(
+                [python, "-m", "pip", "check"],
+                hint=f"the wheel needs a dependency missing from {VLLM_TEST_LOCK.name}; add it there.",
+            )
             installed.write_text(digest)
     return python
 
@@ -103,7 +106,9 @@ def variant_trees(repo: Repo, patched_commit: str) -> dict[str, str]:
     """The patched tree with each ``tests/scheduler/variants/*.patch`` applied: the proof trees."""
     trees = {}
     for patch in sorted(VARIANTS.glob("*.patch")):
-        tree = cache_root() / "test-trees" / f"variant-{patch.stem}-{patched_commit[:12]}-{sha256_of(patch)[:8]}"
+        tree = (
+            cache_root() / "test-trees" / f"variant-{patch.stem}-{patched_commit[:12]}-{sha256_of(patch)[:8]}"
+        )
         if not (tree / ".complete").exists():
             with log.phase(f"make variant tree {patch.stem}"), tempfile.TemporaryDirectory() as tmp:
                 proc.run(["rm", "-rf", tree])
@@ -115,8 +120,9 @@ def variant_trees(repo: Repo, patched_commit: str) -> dict[str, str]:
 
 
 def run_tests(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="build.py test", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="build.py test", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--tier", action="append", choices=TIERS, help="run only these tiers")
     parser.add_argument("--pin", default="0.31.0", help="the pin the vLLM tiers build and test")
     parser.add_argument("pytest_args", nargs="*", help="passed to every pytest run (after --)")
@@ -127,8 +133,13 @@ def run_tests(argv: list[str]) -> int:
     total = Counts()
 
     if "tooling" in tiers:
-        total += _pytest(Path(sys.executable), ["tests/unit", "tests/tooling"], base_env,
-                         reports / "tooling.xml", ["-n", "2", *args.pytest_args])
+        total += _pytest(
+            Path(sys.executable),
+            ["tests/unit", "tests/tooling"],
+            base_env,
+            reports / "tooling.xml",
+            ["-n", "2", *args.pytest_args],
+        )
 
     vllm_tiers = [t for t in tiers if t != "tooling"]
     if vllm_tiers:
@@ -152,13 +163,19 @@ def run_tests(argv: list[str]) -> int:
         }
         if "scheduler" in tiers:
             env["VLLM_RBLN_VARIANT_TREES"] = json.dumps(variant_trees(repo, result.manifest.patched_commit))
-            total += _pytest(python, ["tests/scheduler"], env, reports / "scheduler.xml",
-                             ["-n", "2", *args.pytest_args])
+            total += _pytest(
+                python, ["tests/scheduler"], env, reports / "scheduler.xml", ["-n", "2", *args.pytest_args]
+            )
         tool_paths = [p for p, t in (("tests/upstream", "upstream"), ("tests/e2e", "e2e")) if t in tiers]
         tool_paths = [p for p in tool_paths if (PROJECT_ROOT / p).is_dir()]
         if tool_paths:
-            total += _pytest(Path(sys.executable), tool_paths, env, reports / "tool-vllm.xml", args.pytest_args)
+            total += _pytest(
+                Path(sys.executable), tool_paths, env, reports / "tool-vllm.xml", args.pytest_args
+            )
 
     print(f"\nall tiers ({', '.join(tiers)}):")
-    print(f"{total.passed} passed, {total.failed} failed" + (f", {total.skipped} skipped" if total.skipped else ""))
+    print(
+        f"{total.passed} passed, {total.failed} failed"
+        + (f", {total.skipped} skipped" if total.skipped else "")
+    )
     return 0 if total.failed == 0 and total.passed > 0 else 1

@@ -59,10 +59,11 @@ def import_tree(
     tag = f"refs/tags/upstream/{label}"
     existing = repo.resolve(tag)
     if existing is not None and existing != commit:
+        before = repo.out("log", "-1", "--format=%b", existing).strip()
         raise ForkError(
-            f"the cache repo {repo.path} already tags {tag} as {existing}, but importing the "
-            f"same source gave {commit}. The cache is from another tool version or damaged: "
-            f"delete {repo.path} and run again."
+            f"vllm {pin} was imported before from a different source ({before}); this one is "
+            f"{origin}. One pin has one release: check pins.lock and the source you gave. If "
+            f"the earlier import is wrong, delete the cache repo {repo.path} and run again."
         )
     repo.run("update-ref", tag, commit)
     return Upstream(pin, label, commit, epoch)

@@ -22,7 +22,8 @@ def build_env(version: str, epoch: int) -> dict[str, str]:
     """Everything that must be fixed for two builds to give the same bytes."""
     # PYTHONPATH goes too: this repo's build.py would shadow pypa's ``build``.
     env = {
-        k: v for k, v in os.environ.items()
+        k: v
+        for k, v in os.environ.items()
         if not k.startswith(("VLLM_", "SETUPTOOLS_SCM")) and k != "PYTHONPATH"
     }
     env.update(
@@ -61,7 +62,9 @@ def _single_wheel(directory: Path) -> Path:
     return wheels[0]
 
 
-def repack_pure(raw: Path, version: str, epoch: int, manifest: BuildManifest, out_dir: Path, scratch: Path) -> Path:
+def repack_pure(
+    raw: Path, version: str, epoch: int, manifest: BuildManifest, out_dir: Path, scratch: Path
+) -> Path:
     """Check ``raw`` has no compiled file, add the manifest, retag ``py3-none-any``.
 
     vLLM tags even a kernel-less build for one CPython and platform; we check that it
@@ -85,7 +88,8 @@ def repack_pure(raw: Path, version: str, epoch: int, manifest: BuildManifest, ou
         )
     wheel_meta = dist_info / "WHEEL"
     kept = [
-        line for line in wheel_meta.read_text().splitlines()
+        line
+        for line in wheel_meta.read_text().splitlines()
         if line.strip() and not line.startswith(("Tag:", "Root-Is-Purelib:"))
     ]
     wheel_meta.write_text("\n".join([*kept, "Root-Is-Purelib: true", "Tag: py3-none-any"]) + "\n")

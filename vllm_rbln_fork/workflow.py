@@ -22,9 +22,22 @@ from .source import SourceSpec
 # user's git config says. Blob ids are abbreviated to a fixed length; they stay
 # put because patches are exported against one recorded pin.
 FORMAT_PATCH = (
-    "format-patch", "-1", "--stdout", "--keep-subject", "--no-stat", "--no-signature",
-    "--zero-commit", "--no-numbered", "--no-color", "--no-ext-diff", "--no-textconv",
-    "--find-renames", "--abbrev=12", "--encoding=UTF-8", "--no-notes", "--no-add-header",
+    "format-patch",
+    "-1",
+    "--stdout",
+    "--keep-subject",
+    "--no-stat",
+    "--no-signature",
+    "--zero-commit",
+    "--no-numbered",
+    "--no-color",
+    "--no-ext-diff",
+    "--no-textconv",
+    "--find-renames",
+    "--abbrev=12",
+    "--encoding=UTF-8",
+    "--no-notes",
+    "--no-add-header",
 )
 
 
@@ -83,7 +96,8 @@ def export(tree: Path, project: Project) -> list[str]:
         patch = parse_patch(name, text.encode())
         if problems := lint(patch):
             raise SeriesError(
-                f"commit {commit[:12]} ({patch.subject!r}) fails lint: " + "; ".join(problems)
+                f"commit {commit[:12]} ({patch.subject!r}) fails lint: "
+                + "; ".join(problems)
                 + ". Fix its message with 'git commit --amend' or 'git rebase -i', then export again."
             )
         rendered[name] = text

@@ -182,9 +182,12 @@ def author_series(project: Project, index: SyntheticIndex, tmp_path: Path) -> No
     tree = checkout(Pin.parse("1.0"), SourceSpec("index", index.url), project, tmp_path / "edit")
     repo = Repo(tree, bare=False)
     env = {
-        "GIT_AUTHOR_NAME": "Dev", "GIT_AUTHOR_EMAIL": "dev@example.invalid",
-        "GIT_AUTHOR_DATE": "@1700000000 +0000", "GIT_COMMITTER_NAME": "Dev",
-        "GIT_COMMITTER_EMAIL": "dev@example.invalid", "GIT_COMMITTER_DATE": "@1700000000 +0000",
+        "GIT_AUTHOR_NAME": "Dev",
+        "GIT_AUTHOR_EMAIL": "dev@example.invalid",
+        "GIT_AUTHOR_DATE": "@1700000000 +0000",
+        "GIT_COMMITTER_NAME": "Dev",
+        "GIT_COMMITTER_EMAIL": "dev@example.invalid",
+        "GIT_COMMITTER_DATE": "@1700000000 +0000",
     }
     gate = tree / "vllm/core/gate.py"
     gate.write_text(gate.read_text().replace("needed = prompt_tokens\n", "needed = prompt_tokens + 1\n"))

@@ -1,0 +1,171 @@
+"""Bad input: a clear one-paragraph error, a non-zero exit, nothing half-written."""
+
+from __future__ import annotations
+
+import io
+import multiprocessing
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from vllm_rbln_fork import cli
+from vllm_rbln_fork.errors import (
+    BadPin,
+    IndexUnreachable,
+    PinNotFound,
+    SeriesError,
+    SourceHashMismatch,
+    UnsafeSource,
+)
+from vllm_rbln_fork.paths import downloads_dir
+from vllm_rbln_fork.pins import Pin
+from vllm_rbln_fork.pipeline import build
+from vllm_rbln_fork.source import SourceSpec
+
+
+def _dist(fork) -> list[Path]:
+    return sorted(fork.project.dist_dir.glob("*")) if fork.project.dist_dir.exists() else []
+
+
+@pytest.mark.parametrize("text", ["0.31.0; rm -rf /", "../../etc", "0.31.0+local", "", "v0.31"])
+def test_malformed_pin_is_refused_before_anything_runs(text: str) -> None:
+    if text == "v0.31":  # PEP 440 accepts a leading v, but it is not the normalised form
+        with pytest.raises(BadPin, match="not a plain release"):
+            Pin.parse(text)
+        return
+    with pytest.raises(BadPin, match="PEP 440|plain release"):
+        Pin.parse(text)
+
+
+def test_cli_prints_the_error_and_exits_2(capsys) -> None:
+    assert cli.main(["--pin", "0.31.0; rm -rf /"]) == 2
+    err = capsys.readouterr().err
+    assert "is not a PEP 440 version" in err and "Traceback" not in err
+
+
+def test_unknown_pin_names_nearby_versions(fork) -> None:
+    with pytest.raises(PinNotFound) as err:
+        build(Pin.parse("1.9"), fork.spec(), fork.project)
+    assert "1.0, 1.1, 1.2, 1.3" in str(err.value)
+    assert _dist(fork) == []
+
+
+def test_unreachable_index(fork) -> None:
+    spec = SourceSpec("index", "http://127.0.0.1:9/simple/")  # discard port: nothing listens
+    with pytest.raises(IndexUnreachable, match="127.0.0.1:9"):
+        build(Pin.parse("1.1"), spec, fork.project)  # 1.1 is not cached yet
+
+
+def test_hash_mismatch_against_the_lock_is_refused(fork) -> None:
+    build(Pin.parse("1.0"), fork.spec(), fork.project)  # records 1.0 in pins.lock
+    lock = fork.project.pins_lock
+    lock.write_text(lock.read_text().replace('sha256 = "', 'sha256 = "0'))
+    (downloads_dir() / "vllm-1.0.tar.gz").unlink()
+    dist_before = [(p, p.read_bytes()) for p in _dist(fork)]
+    with pytest.raises(SourceHashMismatch, match="pins.lock"):
+        build(Pin.parse("1.0"), fork.spec(), fork.project, use_cache=False)
+    assert [(p, p.read_bytes()) for p in _dist(fork)] == dist_before
+
+
+def test_series_naming_a_missing_patch(fork) -> None:
+    series = fork.project.series_file
+    series.write_text(series.read_text() + "no-such-change.patch\n")
+    with pytest.raises(SeriesError, match="patches/no-such-change.patch does not exist"):
+        build(Pin.parse("1.0"), fork.spec(), fork.project)
+
+
+def test_stray_patch_file_is_warned_about(fork, recorder) -> None:
+    (fork.project.patches_dir / "forgotten.patch").write_text("x")
+    build(Pin.parse("1.0"), fork.spec(), fork.project)
+    assert any("forgotten.patch is not named" in w for w in recorder.messages("warn"))
+
+
+def test_patch_without_description_fails_lint(fork) -> None:
+    patch = fork.project.patches_dir / "add-rbln-padding.patch"
+    text = patch.read_text()
+    start = text.index("RBLN NPUs need")
+    end = text.index("Origin: rbln")
+    patch.write_text(text[:start] + text[end:])
+    with pytest.raises(SeriesError, match="no description of why it exists"):
+        build(Pin.parse("1.0"), fork.spec(), fork.project)
+
+
+def test_backport_without_a_reference_fails_lint(fork) -> None:
+    patch = fork.project.patches_dir / "count-one-more-slot-at-admission.patch"
+    patch.write_text(patch.read_text().replace("Origin: backport, example/vllm#1", "Origin: backport"))
+    with pytest.raises(SeriesError, match="must name what it backports"):
+        build(Pin.parse("1.0"), fork.spec(), fork.project)
+
+
+def test_patch_edited_so_it_no_longer_applies_on_its_own_pin(fork) -> None:
+    from vllm_rbln_fork.errors import PatchDoesNotApply
+
+    patch = fork.project.patches_dir / "add-rbln-padding.patch"
+    patch.write_text(patch.read_text().replace("-    return 0", "-    return 7"))
+    with pytest.raises(PatchDoesNotApply, match="add-rbln-padding.patch does not apply to vllm 1.0"):
+        build(Pin.parse("1.0"), fork.spec(), fork.project)
+    assert _dist(fork) == []
+
+
+def test_truncated_sdist(fork, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("VLLM_RBLN_FORK_CACHE", str(tmp_path / "fresh-cache"))
+    good = (fork.index.root / "simple/vllm/vllm-1.0.tar.gz").read_bytes()
+    bad = tmp_path / "vllm-1.0.tar.gz"
+    bad.write_bytes(good[: len(good) // 2])
+    fork.project.pins_lock.unlink(missing_ok=True)
+    with pytest.raises(UnsafeSource, match="truncated or corrupt"):
+        build(Pin.parse("1.0"), SourceSpec.parse(str(bad), None), fork.project)
+    assert _dist(fork) == []
+
+
+@pytest.mark.parametrize("member", ["vllm-1.0/../escape.py", "/abs/path.py"])
+def test_sdist_with_paths_out_of_its_tree(fork, tmp_path, monkeypatch, member) -> None:
+    monkeypatch.setenv("VLLM_RBLN_FORK_CACHE", str(tmp_path / "fresh-cache"))
+    fork.project.pins_lock.unlink(missing_ok=True)
+    evil = tmp_path / "vllm-1.0.tar.gz"
+    with tarfile.open(evil, "w:gz") as tar:
+        for name in ("vllm-1.0/setup.py", member):
+            info = tarfile.TarInfo(name)
+            info.size = 1
+            tar.addfile(info, io.BytesIO(b"x"))
+    with pytest.raises(UnsafeSource, match="unsafe member"):
+        build(Pin.parse("1.0"), SourceSpec.parse(str(evil), None), fork.project)
+    assert not (tmp_path / "escape.py").exists()
+
+
+def test_interrupted_download_is_recovered_by_the_next_run(fork) -> None:
+    downloads_dir().mkdir(parents=True, exist_ok=True)
+    (downloads_dir() / "vllm-1.0.tar.gz.part").write_bytes(b"half a download")
+    (downloads_dir() / "vllm-1.0.tar.gz").write_bytes(b"a file cut short")
+    result = build(Pin.parse("1.0"), fork.spec(), fork.project)
+    assert result.wheel.exists()
+
+
+def _build_in_process(root: str, cache: str, url: str, queue: multiprocessing.Queue) -> None:
+    import os
+
+    from vllm_rbln_fork.project import Project
+
+    os.environ["VLLM_RBLN_FORK_CACHE"] = cache
+    result = build(Pin.parse("1.0"), SourceSpec("index", url), Project(Path(root)), use_cache=False)
+    queue.put(result.manifest.wheel_sha256)
+
+
+def test_two_builds_at_once_are_serialised(fork, isolated_cache) -> None:
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    args = (str(fork.project.root), str(isolated_cache), fork.index.url, queue)
+    procs = [ctx.Process(target=_build_in_process, args=args) for _ in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=240)
+    assert [p.exitcode for p in procs] == [0, 0]
+    first, second = queue.get(timeout=5), queue.get(timeout=5)
+    assert first == second
+    [wheel] = [p for p in _dist(fork) if p.suffix == ".whl"]
+    from vllm_rbln_fork.files import sha256_of
+
+    assert sha256_of(wheel) == first
+    assert not [p for p in fork.project.dist_dir.iterdir() if p.name.startswith(".")]

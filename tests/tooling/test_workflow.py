@@ -1,0 +1,67 @@
+"""The edit loop: checkout as git commits, export back, byte for byte."""
+
+from __future__ import annotations
+
+from vllm_rbln_fork.gitrepo import Repo
+from vllm_rbln_fork.pins import Pin
+from vllm_rbln_fork.workflow import checkout, export
+
+
+def _snapshot(project) -> dict[str, bytes]:
+    files = [project.series_file, *project.patches_dir.glob("*.patch")]
+    return {p.name: p.read_bytes() for p in files}
+
+
+def test_export_of_an_unchanged_checkout_changes_no_byte(fork, tmp_path) -> None:
+    before = _snapshot(fork.project)
+    tree = checkout(Pin.parse("1.0"), fork.spec(), fork.project, tmp_path / "again")
+    assert export(tree, fork.project) == []
+    assert _snapshot(fork.project) == before
+
+
+def test_checkout_has_one_commit_per_patch_on_the_upstream_tag(fork, tmp_path) -> None:
+    tree = checkout(Pin.parse("1.0"), fork.spec(), fork.project, tmp_path / "co")
+    repo = Repo(tree, bare=False)
+    subjects = repo.out("log", "--format=%s", "upstream/v1.0..HEAD").splitlines()
+    assert subjects == ["Add RBLN padding", "Count one more slot at admission"]
+
+
+def test_drop_a_patch_by_rebasing_it_away_and_exporting(fork, tmp_path) -> None:
+    tree = checkout(Pin.parse("1.0"), fork.spec(), fork.project, tmp_path / "co")
+    repo = Repo(tree, bare=False)
+    env = {"GIT_COMMITTER_NAME": "Dev", "GIT_COMMITTER_EMAIL": "d@e.invalid"}
+    repo.run("rebase", "--onto", "HEAD~2", "HEAD~1", "HEAD", env=env, in_work_tree=True, cwd=tree)
+    changed = export(tree, fork.project)
+    assert "patches/count-one-more-slot-at-admission.patch (removed)" in changed
+    assert fork.project.series_file.read_text().splitlines()[-1] == "add-rbln-padding.patch"
+    assert not (fork.project.patches_dir / "count-one-more-slot-at-admission.patch").exists()
+
+
+def test_export_refuses_a_commit_without_origin_and_writes_nothing(fork, tmp_path) -> None:
+    import pytest
+
+    from vllm_rbln_fork.errors import SeriesError
+
+    before = _snapshot(fork.project)
+    tree = checkout(Pin.parse("1.0"), fork.spec(), fork.project, tmp_path / "co")
+    repo = Repo(tree, bare=False)
+    (tree / "vllm/core/gate.py").write_text("# changed\n")
+    env = {
+        "GIT_AUTHOR_NAME": "Dev",
+        "GIT_AUTHOR_EMAIL": "d@e.invalid",
+        "GIT_COMMITTER_NAME": "Dev",
+        "GIT_COMMITTER_EMAIL": "d@e.invalid",
+    }
+    repo.run(
+        "commit",
+        "-q",
+        "-a",
+        "-m",
+        "Quick hack\n\nNo trailers here at all, sorry.",
+        env=env,
+        in_work_tree=True,
+        cwd=tree,
+    )
+    with pytest.raises(SeriesError, match="no 'Origin:' trailer"):
+        export(tree, fork.project)
+    assert _snapshot(fork.project) == before

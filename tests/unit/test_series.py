@@ -1,0 +1,86 @@
+"""Parsing patches and the series file, and the lint."""
+
+from __future__ import annotations
+
+import pytest
+
+from vllm_rbln_fork.errors import SeriesError
+from vllm_rbln_fork.series import lint, parse_patch, read_series
+from vllm_rbln_fork.workflow import slug
+
+PATCH = """\
+From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001
+From: Dev <dev@example.invalid>
+Date: Tue, 14 Nov 2023 22:13:20 +0000
+Subject: Cover the first decode step in the
+ admission gate
+
+The gate counts only the prompt, so a request can be admitted and then
+preempted by its own first decode step.
+
+Origin: backport, vllm-project/vllm#63288
+Applied-Upstream: 0.34.0
+
+diff --git a/a.py b/a.py
+index 000000000000..111111111111 100644
+--- a/a.py
++++ b/a.py
+@@ -1 +1 @@
+-x = 1
++x = 2
+"""
+
+
+def test_parse_reads_subject_trailers_and_description() -> None:
+    patch = parse_patch("p.patch", PATCH.encode())
+    assert patch.subject == "Cover the first decode step in the admission gate"
+    assert patch.origin_kind == "backport"
+    assert patch.origin_ref == "vllm-project/vllm#63288"
+    assert str(patch.applied_upstream) == "0.34.0"
+    assert patch.description.startswith("The gate counts only the prompt")
+    assert lint(patch) == []
+
+
+def test_not_a_patch_file() -> None:
+    with pytest.raises(SeriesError, match="not a git format-patch file"):
+        parse_patch("x.patch", b"just text\n")
+
+
+def test_lint_rejects_unknown_origin_and_bad_version() -> None:
+    text = PATCH.replace("Origin: backport, vllm-project/vllm#63288", "Origin: vendor").replace(
+        "Applied-Upstream: 0.34.0", "Applied-Upstream: soon"
+    )
+    problems = lint(parse_patch("p.patch", text.encode()))
+    assert any("'vendor' is not one of" in p for p in problems)
+    assert any("'Applied-Upstream: soon' is not a version" in p for p in problems)
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ("p.patch\n", "Exported-Against"),
+        ("# Exported-Against: vllm 0.31.0\np.patch\np.patch\n", "listed twice"),
+        ("# Exported-Against: vllm 0.31.0\n../p.patch\n", "not a patch file name"),
+        ("# Exported-Against: vllm 0.31.0\np.patch -p1\n", "options are not supported"),
+        ("# Exported-Against: vllm banana\n", "line 1"),
+    ],
+)
+def test_broken_series_files(tmp_path, body, message) -> None:
+    (tmp_path / "patches").mkdir()
+    (tmp_path / "patches/p.patch").write_text(PATCH)
+    (tmp_path / "series").write_text(body)
+    with pytest.raises(SeriesError, match=message):
+        read_series(tmp_path / "series", tmp_path / "patches")
+
+
+def test_series_with_comments_and_blank_lines(tmp_path) -> None:
+    (tmp_path / "patches").mkdir()
+    (tmp_path / "patches/p.patch").write_text(PATCH)
+    (tmp_path / "series").write_text("# header\n# Exported-Against: vllm 0.31.0\n\n# why\np.patch\n")
+    series = read_series(tmp_path / "series", tmp_path / "patches")
+    assert [p.name for p in series.patches] == ["p.patch"] and str(series.exported_against) == "0.31.0"
+
+
+def test_slug_names_patches_from_subjects() -> None:
+    assert slug("Add the RBLN scheduler") == "add-the-rbln-scheduler.patch"
+    assert len(slug("x" * 200)) == 64 + len(".patch")
