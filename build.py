@@ -23,17 +23,16 @@ LOCK_FILE = ROOT / "requirements" / "tools.lock"
 MARKER = "VLLM_RBLN_FORK_BOOTSTRAPPED"
 
 
-def cache_root() -> Path:
-    """Same rule as ``vllm_rbln_fork.paths.cache_root`` (kept stdlib-only here)."""
-    if override := os.environ.get("VLLM_RBLN_FORK_CACHE"):
-        return Path(override)
-    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(xdg) / "vllm-rbln-fork"
-
-
 def tool_env_dir() -> Path:
+    """``$XDG_CACHE_HOME/vllm-rbln-fork/tool-envs/<python>-<lock hash>``.
+
+    Deliberately not moved by ``VLLM_RBLN_FORK_CACHE`` (which relocates the build
+    caches, as tests and benchmarks do): the tooling is the same whatever is built.
+    """
+    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     digest = hashlib.sha256(LOCK_FILE.read_bytes()).hexdigest()[:16]
-    return cache_root() / "tool-envs" / f"py{sys.version_info[0]}{sys.version_info[1]}-{digest}"
+    name = f"py{sys.version_info[0]}{sys.version_info[1]}-{digest}"
+    return Path(xdg) / "vllm-rbln-fork" / "tool-envs" / name
 
 
 def ensure_tool_env(env_dir: Path) -> Path:
@@ -72,7 +71,8 @@ def ensure_tool_env(env_dir: Path) -> Path:
     return python
 
 
-def main() -> None:
+def run_in_tool_env(script: str) -> None:
+    """Re-exec ``script`` (with this process's arguments) in the tool env, unless already there."""
     env_dir = tool_env_dir()
     if os.environ.get(MARKER) != str(env_dir):
         python = ensure_tool_env(env_dir)
@@ -80,8 +80,12 @@ def main() -> None:
         os.environ["PYTHONPATH"] = os.pathsep.join(
             p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p
         )
-        os.execv(str(python), [str(python), str(Path(__file__).resolve()), *sys.argv[1:]])
+        os.execv(str(python), [str(python), str(Path(script).resolve()), *sys.argv[1:]])
     sys.path.insert(0, str(ROOT))
+
+
+def main() -> None:
+    run_in_tool_env(__file__)
     from vllm_rbln_fork.cli import main as cli_main
 
     sys.exit(cli_main(sys.argv[1:]))

@@ -64,6 +64,22 @@ def _build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--index-url", help="PEP 503/691 index to fetch the sdist from (default: pip's)")
     parser.add_argument("--source", help="build from a local sdist, a source tree, or git+URL@REF")
     parser.add_argument("--no-cache", action="store_true", help="rebuild even if a cached wheel matches")
+    parser.add_argument(
+        "--publish",
+        metavar="DEST",
+        help="after the build, publish the wheel: a folder (static PEP 503 index) or an upload URL",
+    )
+    return parser
+
+
+def _yank_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="build.py yank",
+        description="Mark a published wheel yanked (PEP 592) in a folder index; nothing is deleted.",
+    )
+    parser.add_argument("filename", help="the wheel's file name, e.g. vllm-0.31.0+rbln.1-py3-none-any.whl")
+    parser.add_argument("--from", dest="dest", required=True, help="the index folder")
+    parser.add_argument("--reason", required=True, help="why, shown to installers")
     return parser
 
 
@@ -98,6 +114,8 @@ def main(argv: list[str]) -> int:
             return _checkout(_checkout_parser().parse_args(argv[1:]))
         if command == "export":
             return _export(_export_parser().parse_args(argv[1:]))
+        if command == "yank":
+            return _yank(_yank_parser().parse_args(argv[1:]))
         if command == "test":
             from .testrunner import run_tests
 
@@ -130,7 +148,26 @@ def _build(args: argparse.Namespace) -> int:
         console.print(f"    applied   {p.name}  [dim]({p.origin})[/dim]")
     for p in m.dropped:
         console.print(f"    [yellow]dropped[/yellow]   {p.name}: {p.reason}")
+    if args.publish:
+        from .publish import publish
+
+        published = publish(result.wheel, args.publish)
+        state = "already there, same bytes" if published.already_published else "published"
+        console.print(f"[bold green]{state}[/bold green] {published.file_url}")
+        console.print(f"    index     {published.index_url}")
+        console.print(
+            f"    install   pip install --index-url {published.index_url} "
+            f'"vllm=={m.wheel_version}"  (sha256 {published.sha256})'
+        )
     print(result.wheel)
+    return 0
+
+
+def _yank(args: argparse.Namespace) -> int:
+    from .publish import yank
+
+    yank(args.dest, args.filename, args.reason)
+    console.print(f"yanked {args.filename} in {args.dest}: {args.reason}")
     return 0
 
 

@@ -1,0 +1,416 @@
+"""Drive a real (patched) vLLM scheduler step by step, as a model runner would.
+
+Built on vLLM's own scheduler test harness (`tests/v1/core/utils.py` of the
+pin's source tree: `create_scheduler`, the `MockKVConnector` of
+`tests/v1/kv_connector/unit/utils.py`) and on the real `Scheduler`,
+`KVCacheManager` and block pool; nothing here mocks them. What is simulated
+is the other side of `schedule()`: the model runner's `ModelRunnerOutput`
+(sampled tokens, accepted drafts, finished async KV loads) and the drafter's
+`DraftTokenIds`.
+
+This module is imported by the tests (the conftest puts the source tree's
+`tests` package in place) and is also run as a script by the fault-injection
+proofs, in a subprocess whose `PYTHONPATH` holds a variant tree: then
+`python sched_harness.py matrix <source-tree>` prints the livelock matrix's
+outcomes as JSON.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.request import Request
+
+RBLN_SCHEDULER = "vllm.v1.core.sched.rbln_scheduler.RBLNScheduler"
+SOURCE_TREE_ENV = "VLLM_RBLN_SOURCE_TREE"
+VARIANT_TREES_ENV = "VLLM_RBLN_VARIANT_TREES"
+
+# The livelock's geometry (docs/livelock.md, shared design admission-livelock.md).
+BLOCK_SIZE = 16
+NUM_SPEC_TOKENS = 3
+PREFILL_CHUNK = 16
+# Token id the simulated model samples; never EOS (50256), so requests stop
+# at max_tokens.
+SAMPLED_TOKEN = 1000
+DRAFT_TOKEN = 7
+
+
+def load_vllm_test_harness(source_tree: str | Path) -> None:
+    """Make `tests.v1.core.utils` importable from the pin's source tree.
+
+    The source tree's `tests` package is registered under its own name from
+    its own path, so neither this repository's `tests/` directory nor
+    anything else on `sys.path` can shadow it, and `vllm` itself stays
+    whatever the environment provides (the installed wheel, or a tree put on
+    `PYTHONPATH`).
+    """
+    tests_dir = Path(source_tree) / "tests"
+    init = tests_dir / "v1" / "core" / "utils.py"
+    if not init.is_file():
+        raise RuntimeError(
+            f"{tests_dir} holds no v1/core/utils.py: {SOURCE_TREE_ENV} must name "
+            "a checkout of the patched vLLM source tree (with its tests/)"
+        )
+    loaded = sys.modules.get("tests")
+    if loaded is not None:
+        paths = [Path(entry).resolve() for entry in getattr(loaded, "__path__", [])]
+        if paths == [tests_dir.resolve()]:
+            return
+        if getattr(loaded, "__file__", None) is not None:
+            raise RuntimeError(f"another 'tests' package is already imported: {loaded}")
+        # A namespace package, or the empty parent module pytest's importlib
+        # mode makes for this repository's tests/ (which has no __init__.py):
+        # the source tree's package takes the name; the entries for this
+        # repository's own test modules stay in sys.modules under theirs.
+    spec = importlib.util.spec_from_file_location(
+        "tests",
+        tests_dir / "__init__.py",
+        submodule_search_locations=[str(tests_dir)],
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["tests"] = module
+    spec.loader.exec_module(module)
+
+
+def make_request(
+    request_id: str,
+    prompt_token_ids: Sequence[int],
+    max_tokens: int,
+    priority: int = 0,
+    arrival_time: float | None = None,
+) -> Request:
+    """A request as `tests.v1.core.utils.create_requests` makes one, with the
+    prompt, length and priority chosen per request."""
+    from tests.v1.core.utils import EOS_TOKEN_ID, create_requests
+    from vllm.sampling_params import SamplingParams
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher
+    from vllm.v1.request import Request
+
+    # create_requests initialises the prefix-cache hash seed once per process.
+    create_requests(num_requests=1, num_tokens=1)
+    sampling_params = SamplingParams(max_tokens=max_tokens)
+    sampling_params.update_from_generation_config({}, EOS_TOKEN_ID)
+    kwargs: dict[str, Any] = {}
+    if arrival_time is not None:
+        kwargs["arrival_time"] = arrival_time
+    return Request(
+        request_id=request_id,
+        prompt_token_ids=list(prompt_token_ids),
+        sampling_params=sampling_params,
+        pooling_params=None,
+        block_hasher=get_request_block_hasher(BLOCK_SIZE, sha256),
+        priority=priority,
+        **kwargs,
+    )
+
+
+def distinct_prompt(seed: int, length: int) -> list[int]:
+    """A prompt sharing no block with another seed's (no accidental prefix hit)."""
+    return [(seed * 7919 + i) % 30000 + 1 for i in range(length)]
+
+
+@dataclass
+class StepRecord:
+    """What one `schedule()` call gave the step to."""
+
+    num_scheduled_tokens: dict[str, int]
+    prefill_req_ids: list[str]
+    decode_req_ids: list[str]
+    preempted_req_ids: set[str]
+    num_free_blocks_after: int
+
+
+@dataclass
+class Driver:
+    """Runs `schedule()` / `update_from_output()` like the engine core does.
+
+    Decoding requests always carry `num_spec_tokens` drafts (the margin the
+    admission gate reserves assumes every draft slot is used); the simulated
+    target model accepts `accept(request_id, num_drafts)` of them.
+    """
+
+    scheduler: Scheduler
+    accept: Callable[[str, int], int] = lambda req_id, num_drafts: 0
+    # Async KV loads finish after this many steps (None: never on their own).
+    async_load_steps: int | None = 1
+    steps: list[StepRecord] = field(default_factory=list)
+    preemptions: dict[str, int] = field(default_factory=dict)
+    finished: set[str] = field(default_factory=set)
+    _loading: dict[str, int] = field(default_factory=dict)
+
+    def add(self, request: Request) -> None:
+        self.scheduler.add_request(request)
+
+    def step(self) -> StepRecord:
+        from vllm.v1.outputs import DraftTokenIds, KVConnectorOutput, ModelRunnerOutput
+        from vllm.v1.request import RequestStatus
+
+        scheduler = self.scheduler
+        output = scheduler.schedule()
+        record = self._record(output)
+        for req_id in record.preempted_req_ids:
+            self.preemptions[req_id] = self.preemptions.get(req_id, 0) + 1
+
+        req_ids: list[str] = []
+        sampled: list[list[int]] = []
+        for req_id in output.num_scheduled_tokens:
+            request = scheduler.requests[req_id]
+            req_ids.append(req_id)
+            if request.num_computed_tokens < request.num_tokens:
+                # A prefill chunk that does not reach the end samples nothing.
+                sampled.append([])
+                continue
+            drafts = output.scheduled_spec_decode_tokens.get(req_id, [])
+            num_accepted = min(self.accept(req_id, len(drafts)), len(drafts))
+            sampled.append([DRAFT_TOKEN] * num_accepted + [SAMPLED_TOKEN])
+
+        finished_recving: set[str] = set()
+        for req_id, request in scheduler.requests.items():
+            if request.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
+                waited = self._loading.get(req_id, 0) + 1
+                self._loading[req_id] = waited
+                if self.async_load_steps is not None and waited >= (self.async_load_steps):
+                    finished_recving.add(req_id)
+        for req_id in finished_recving:
+            del self._loading[req_id]
+
+        model_output = ModelRunnerOutput(
+            req_ids=req_ids,
+            req_id_to_index={req_id: i for i, req_id in enumerate(req_ids)},
+            sampled_token_ids=sampled,
+            logprobs=None,
+            prompt_logprobs_dict={},
+            pooler_output=[],
+            kv_connector_output=(
+                KVConnectorOutput(finished_recving=finished_recving) if finished_recving else None
+            ),
+        )
+        engine_outputs = scheduler.update_from_output(output, model_output)
+        for outputs in engine_outputs.values():
+            for request_output in outputs.outputs:
+                if request_output.finish_reason is not None:
+                    self.finished.add(request_output.request_id)
+
+        # The drafter proposes for every request that is now decoding.
+        drafting = [request.request_id for request in scheduler.running if not request.is_prefill_chunk]
+        if drafting and scheduler.num_spec_tokens:
+            scheduler.update_draft_token_ids(
+                DraftTokenIds(
+                    req_ids=drafting,
+                    draft_token_ids=[[DRAFT_TOKEN] * scheduler.num_spec_tokens for _ in drafting],
+                )
+            )
+        self.steps.append(record)
+        return record
+
+    def run(self, max_steps: int, until: Iterable[str] | None = None) -> int:
+        """Step until `until` (default: every request) finished, at most
+        `max_steps` steps; returns the number of steps taken."""
+        target = set(until) if until is not None else None
+        for taken in range(max_steps):
+            if target is not None and target <= self.finished:
+                return taken
+            if target is None and not self.scheduler.has_requests():
+                return taken
+            self.step()
+        return max_steps
+
+    def _record(self, output: SchedulerOutput) -> StepRecord:
+        scheduler = self.scheduler
+        prefill: list[str] = []
+        decode: list[str] = []
+        for req_id, num_tokens in output.num_scheduled_tokens.items():
+            request = scheduler.requests[req_id]
+            # After schedule() the computed count includes this step. A
+            # request is decoding when it starts this step with its whole
+            # sequence computed but the last sampled token.
+            start = request.num_computed_tokens - num_tokens
+            if start >= request.num_tokens - 1 and request.num_output_tokens > 0:
+                decode.append(req_id)
+            else:
+                prefill.append(req_id)
+        return StepRecord(
+            num_scheduled_tokens=dict(output.num_scheduled_tokens),
+            prefill_req_ids=prefill,
+            decode_req_ids=decode,
+            preempted_req_ids=set(output.preempted_req_ids),
+            num_free_blocks_after=scheduler.kv_cache_manager.block_pool.get_num_free_blocks(),
+        )
+
+
+def num_usable_blocks(scheduler: Scheduler) -> int:
+    """Blocks a request can get: the pool less the null block."""
+    return scheduler.kv_cache_manager.block_pool.num_gpu_blocks - 1
+
+
+def assert_all_blocks_free(scheduler: Scheduler) -> None:
+    manager = scheduler.kv_cache_manager
+    for single_type_manager in manager.coordinator.single_type_managers:
+        assert not single_type_manager.req_to_blocks, "a request still holds blocks"
+    assert manager.block_pool.get_num_free_blocks() == num_usable_blocks(scheduler)
+
+
+# ---------------------------------------------------------------------------
+# The livelock matrix.
+
+
+@dataclass(frozen=True)
+class LivelockCase:
+    """One case of the regression matrix of the admission livelock."""
+
+    prompt_len: int
+    # Sub-block prefix caching: None = off. Sizes 4 and 8 arrive with the
+    # sub-block patches (issue 7); the matrix is written for them.
+    sub_block_size: int | None
+    kv_connector: bool
+
+    @property
+    def id(self) -> str:
+        sub_block = "off" if self.sub_block_size is None else str(self.sub_block_size)
+        connector = "connector" if self.kv_connector else "no-connector"
+        return f"prompt{self.prompt_len}-subblock-{sub_block}-{connector}"
+
+
+PROMPT_LENS = (32, 26)
+# Only "off" exists before the sub-block patches; add 4 and 8 here then.
+SUB_BLOCK_SIZES: tuple[int | None, ...] = (None,)
+LIVELOCK_CASES = tuple(
+    LivelockCase(prompt_len, sub_block_size, kv_connector)
+    for prompt_len in PROMPT_LENS
+    for sub_block_size in SUB_BLOCK_SIZES
+    for kv_connector in (False, True)
+)
+
+# The two drafting decodes. Each has a 20-token prompt and holds 2 blocks:
+# its admission gate counts 20 + (1 + 3) + 3 = 27 slots (2 blocks), and its
+# decode steps stay within 2 blocks (32 slots) while
+# num_computed + 1 + 3 + 3 <= 32, i.e. for its first 6 output tokens. With
+# every draft rejected it emits one token per decode step, so with
+# max_tokens = 5 it finishes inside its 2 blocks.
+DECODE_PROMPT_LEN = 20
+DECODE_MAX_TOKENS = 5
+DECODE_BLOCKS = 2
+# The new prompt is admitted with exactly two free blocks.
+FREE_BLOCKS_AT_ADMISSION = 2
+# usable blocks = 2 decodes x 2 blocks + 2 free = 6; the pool also holds the
+# null block.
+LIVELOCK_NUM_BLOCKS = 2 * DECODE_BLOCKS + FREE_BLOCKS_AT_ADMISSION + 1
+PROMPT_MAX_TOKENS = 4
+# Enough for the fixed scheduler by a wide margin (it needs 9 steps); a
+# livelocked one never finishes.
+LIVELOCK_MAX_STEPS = 120
+
+
+def make_livelock_scheduler(case: LivelockCase) -> Scheduler:
+    from tests.v1.core.utils import create_scheduler, mock_kv
+
+    if case.sub_block_size is not None:
+        raise NotImplementedError("sub-block prefix caching arrives with issue 7")
+    return create_scheduler(
+        scheduler_cls=_rbln_scheduler_cls(),
+        block_size=BLOCK_SIZE,
+        num_blocks=LIVELOCK_NUM_BLOCKS,
+        # Prefill chunks of 16 tokens: both prompts take two chunks.
+        max_num_batched_tokens=PREFILL_CHUNK,
+        max_model_len=256,
+        num_speculative_tokens=NUM_SPEC_TOKENS,
+        speculative_method="ngram",
+        # Sub-block caching "off": no prefix caching at all, so no cache hit
+        # can let a later admission attempt succeed by luck.
+        enable_prefix_caching=case.sub_block_size is not None,
+        # A connector that finds nothing: the admission runs the connector's
+        # code path with the same block numbers.
+        use_kv_connector=mock_kv(0, False) if case.kv_connector else None,
+    )
+
+
+def _rbln_scheduler_cls() -> type[Scheduler]:
+    from vllm.v1.core.sched.rbln_scheduler import RBLNScheduler
+
+    return RBLNScheduler
+
+
+@dataclass(frozen=True)
+class LivelockOutcome:
+    case_id: str
+    finished: bool
+    preemptions: int
+    all_blocks_free: bool
+    # Free blocks when the new prompt's admission was first attempted.
+    free_blocks_at_admission: int
+    steps: int
+
+    @property
+    def passed(self) -> bool:
+        return self.finished and self.preemptions == 0 and self.all_blocks_free
+
+
+def run_livelock_case(case: LivelockCase) -> LivelockOutcome:
+    scheduler = make_livelock_scheduler(case)
+    assert num_usable_blocks(scheduler) == 6
+    driver = Driver(scheduler)
+    for i in (1, 2):
+        driver.add(
+            make_request(
+                f"decode-{i}",
+                distinct_prompt(i, DECODE_PROMPT_LEN),
+                max_tokens=DECODE_MAX_TOKENS,
+            )
+        )
+    # Prefill both decodes (two chunks each, one prefill per step) and run
+    # one decode step, so both are drafting.
+    while not driver.steps or not driver.steps[-1].decode_req_ids:
+        driver.step()
+        assert len(driver.steps) <= 8, "the decodes did not start"
+    decodes = [r for r in scheduler.running if r.request_id.startswith("decode-")]
+    assert len(decodes) == 2 and all(r.spec_token_ids for r in decodes)
+    free_at_admission = scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
+
+    prompt = make_request(
+        "prompt",
+        distinct_prompt(100 + case.prompt_len, case.prompt_len),
+        max_tokens=PROMPT_MAX_TOKENS,
+    )
+    driver.add(prompt)
+    steps = driver.run(LIVELOCK_MAX_STEPS)
+    finished = "prompt" in driver.finished and not scheduler.has_requests()
+    all_free = True
+    try:
+        assert_all_blocks_free(scheduler)
+    except AssertionError:
+        all_free = False
+    return LivelockOutcome(
+        case_id=case.id,
+        finished=finished,
+        preemptions=driver.preemptions.get("prompt", 0),
+        all_blocks_free=all_free,
+        free_blocks_at_admission=free_at_admission,
+        steps=steps,
+    )
+
+
+def _main(argv: list[str]) -> int:
+    if len(argv) != 3 or argv[1] != "matrix":
+        print(f"usage: {argv[0]} matrix <vllm-source-tree>", file=sys.stderr)
+        return 2
+    load_vllm_test_harness(argv[2])
+    outcomes = [run_livelock_case(case).__dict__ for case in LIVELOCK_CASES]
+    import vllm
+
+    print(json.dumps({"vllm": vllm.__file__, "outcomes": outcomes}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv))

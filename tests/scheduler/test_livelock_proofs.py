@@ -1,0 +1,94 @@
+"""The matrix catches the bug: run it against fault-injected source trees.
+
+Each tree is the full series plus one test-only patch from
+tests/scheduler/variants/ (see its README): "no-backport" restores vLLM
+0.31.0's gate (it counts the prompt alone), "lookahead-only" counts the
+lookahead but not the first decode step. Every tree is imported in its own
+subprocess with PYTHONPATH set to it, running sched_harness.py's "matrix"
+command. The same command against the patched tree is the control: there
+every case must pass, so a failure in a variant is the variant's doing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sched_harness as h
+
+HARNESS = Path(h.__file__).resolve()
+CASE_IDS = [case.id for case in h.LIVELOCK_CASES]
+PROMPT26_IDS = [case.id for case in h.LIVELOCK_CASES if case.prompt_len == 26]
+
+
+def variant_tree(name: str) -> Path:
+    raw = os.environ.get(h.VARIANT_TREES_ENV)
+    if not raw:
+        pytest.fail(
+            f"{h.VARIANT_TREES_ENV} is not set: it must be a JSON object "
+            '{"no-backport": "/path", "lookahead-only": "/path"} naming the '
+            "fault-injected source trees (tests/scheduler/variants/README.md)",
+            pytrace=False,
+        )
+    trees = json.loads(raw)
+    if name not in trees:
+        pytest.fail(f"{h.VARIANT_TREES_ENV} names no {name!r} tree", pytrace=False)
+    return Path(trees[name])
+
+
+def run_matrix_in(tree: Path) -> dict[str, dict[str, Any]]:
+    """The matrix's outcomes with vLLM and its test harness imported from `tree`."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(tree), *filter(None, [env.get("PYTHONPATH")])])
+    result = subprocess.run(
+        [sys.executable, str(HARNESS), "matrix", str(tree)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert result.returncode == 0, f"matrix run in {tree} failed:\n{result.stdout}\n{result.stderr}"
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    # The subprocess must really have run the tree's vLLM, not the wheel's.
+    assert Path(report["vllm"]).resolve().is_relative_to(tree.resolve())
+    return {outcome["case_id"]: outcome for outcome in report["outcomes"]}
+
+
+def failing_cases(outcomes: dict[str, dict[str, Any]]) -> list[str]:
+    return [
+        case_id
+        for case_id, outcome in outcomes.items()
+        if not (outcome["finished"] and outcome["preemptions"] == 0 and outcome["all_blocks_free"])
+    ]
+
+
+def test_control_patched_tree_passes_every_case(source_tree: Path) -> None:
+    outcomes = run_matrix_in(source_tree)
+    assert sorted(outcomes) == sorted(CASE_IDS)
+    assert failing_cases(outcomes) == []
+
+
+def test_without_the_backport_every_case_fails() -> None:
+    outcomes = run_matrix_in(variant_tree("no-backport"))
+    assert sorted(outcomes) == sorted(CASE_IDS)
+    assert sorted(failing_cases(outcomes)) == sorted(CASE_IDS)
+    for outcome in outcomes.values():
+        # The same admission as with the fix (two free blocks), and the
+        # failure is the self-preemption loop, not a crash or a leak.
+        assert outcome["free_blocks_at_admission"] == h.FREE_BLOCKS_AT_ADMISSION
+        assert outcome["preemptions"] > 0
+        assert outcome["all_blocks_free"]
+
+
+def test_counting_only_the_lookahead_fails_exactly_the_26_token_cases() -> None:
+    outcomes = run_matrix_in(variant_tree("lookahead-only"))
+    assert sorted(outcomes) == sorted(CASE_IDS)
+    assert sorted(failing_cases(outcomes)) == sorted(PROMPT26_IDS)
+    for case_id in PROMPT26_IDS:
+        assert outcomes[case_id]["preemptions"] > 0
