@@ -113,7 +113,7 @@ def variant_trees(repo: Repo, patched_commit: str) -> dict[str, str]:
             with log.phase(f"make variant tree {patch.stem}"), tempfile.TemporaryDirectory() as tmp:
                 proc.run(["rm", "-rf", tree])
                 checkout_into(repo, patched_commit, tree, Path(tmp) / "index")
-                proc.run(["git", "apply", "--directory=", str(patch)], cwd=tree)
+                proc.run(["git", "apply", str(patch)], cwd=tree)
                 (tree / ".complete").write_text("")
         trees[patch.stem] = str(tree)
     return trees
