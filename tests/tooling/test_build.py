@@ -93,3 +93,49 @@ def test_conflict_names_patch_file_hunk_and_a_tree_to_resolve_it(fork) -> None:
     assert "<<<<<<<" in gate and "needed = 2 * prompt_tokens" in gate
     after = sorted(fork.project.dist_dir.glob("*")) if fork.project.dist_dir.exists() else []
     assert after == dist_before
+
+
+def _add_trailer(fork, name: str, trailer: str) -> None:
+    patch = fork.project.patches_dir / name
+    text = patch.read_text()
+    origin = next(line for line in text.splitlines() if line.startswith("Origin: "))
+    patch.write_text(text.replace(origin, f"{origin}\n{trailer}", 1))
+
+
+def test_backport_dropped_by_its_applied_upstream_trailer(fork) -> None:
+    _add_trailer(fork, "count-one-more-slot-at-admission.patch", "Applied-Upstream: 1.1")
+    kept = build(Pin.parse("1.0"), fork.spec(), fork.project)
+    assert len(kept.manifest.applied) == 2  # 1.0 is before the trailer's version
+    result = build(Pin.parse("1.1"), fork.spec(), fork.project)
+    [dropped] = result.manifest.dropped
+    assert dropped.reason.startswith("Applied-Upstream: 1.1")
+    gate = _read(result.wheel, "vllm/core/gate.py")
+    assert "needed = prompt_tokens\n" in gate and "return 16" in gate
+
+
+def test_rbln_patch_that_upstream_already_has_is_an_error(fork) -> None:
+    from vllm_rbln_fork.errors import ForkError
+
+    patch = fork.project.patches_dir / "count-one-more-slot-at-admission.patch"
+    patch.write_text(patch.read_text().replace("Origin: backport, example/vllm#1", "Origin: rbln"))
+    with pytest.raises(ForkError, match="never dropped silently"):
+        build(Pin.parse("1.2"), fork.spec(), fork.project)
+
+
+def test_git_ref_source(fork, tmp_path) -> None:
+    import subprocess
+    import tarfile
+
+    from vllm_rbln_fork.source import SourceSpec
+
+    with tarfile.open(fork.index.root / "simple/vllm/vllm-1.1.tar.gz") as tar:
+        tar.extractall(tmp_path / "src", filter="data")
+    repo = tmp_path / "src" / "vllm-1.1"
+    git = ["git", "-c", "user.name=U", "-c", "user.email=u@e.invalid"]
+    subprocess.run([*git, "init", "-q"], cwd=repo, check=True)
+    subprocess.run([*git, "add", "-A", "-f"], cwd=repo, check=True)
+    subprocess.run([*git, "commit", "-qm", "1.1"], cwd=repo, check=True)
+    subprocess.run([*git, "tag", "v1.1"], cwd=repo, check=True)
+    result = build(Pin.parse("1.1"), SourceSpec.parse(f"git+file://{repo}@v1.1", None), fork.project)
+    assert result.manifest.source_kind == "git"
+    assert "needed = prompt_tokens + 1" in _read(result.wheel, "vllm/core/gate.py")
