@@ -107,8 +107,15 @@ def test_async_loads_keep_the_separate_reservation() -> None:
     from tests.v1.core.utils import mock_kv
 
     scheduler = upstream(3, use_kv_connector=mock_kv(16, True))
-    assert scheduler._admission_decode_step_tokens(load_kv_async=True) == 0
-    assert scheduler._admission_decode_step_tokens(load_kv_async=False) == 4
+    from tests.v1.core.utils import create_requests
+
+    [request] = create_requests(num_requests=1, num_tokens=32)
+    assert scheduler._admission_decode_step_tokens(request, load_kv_async=True) == 0
+    assert scheduler._admission_decode_step_tokens(request, load_kv_async=False) == 4
+    # Once its KV has landed the request holds its blocks and comes back through
+    # the gate: it keeps the count it was admitted with, or it could be stranded.
+    request.num_computed_tokens = 16
+    assert scheduler._admission_decode_step_tokens(request, load_kv_async=False) == 0
     assert scheduler._async_load_reserved_blocks() == cdiv(1 + 3 + 0, BLOCK)
     # A 32-token prompt (16 loaded) is admitted on 2 usable blocks: the gate
     # counts the prompt (2 blocks); the load's own allocation (1 block) fits

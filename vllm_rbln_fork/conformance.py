@@ -1,0 +1,662 @@
+"""Upstream conformance: vLLM's own ``tests/v1/core/`` as the referee of the patch series.
+
+The same upstream tests (the pin's sdist ``tests/``, taken from the unpatched tree) run twice
+in a vLLM venv: once with the unpatched tree's ``vllm`` package first on ``PYTHONPATH``, once
+with the patched tree's. Outcomes are compared test by test against
+``tests/upstream/expected-differences.toml``; the run fails on any difference that is not
+listed there and on any listed difference that no longer happens, so the list cannot rot.
+
+Both runs use the same copy of the tests (the *referee*), kept in a directory that holds
+``tests/`` and ``pyproject.toml`` only: pytest puts that directory first on ``sys.path``, so
+no ``vllm`` package shadows the one on ``PYTHONPATH``, and vLLM's own ``tests`` package
+resolves (it would clash with ours if it ran in our process; it never does).
+
+The unpatched outcomes may be cached per pin, keyed by the content of both trees' ``vllm/``,
+the referee tests, the Hugging Face fixtures, the tests that cannot run, and the venv's
+installed packages; the record keeps the command that produced it. The patched side always
+runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import tempfile
+import time
+import tomllib
+import xml.etree.ElementTree as ET
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import log, proc
+from .errors import FailedProcess, ForkError
+from .files import write_atomic
+
+SUITE = "tests/v1/core"
+OUTCOMES = ("passed", "failed", "error", "skipped", "xfailed", "xpassed", "absent")
+# pytest: 0 all passed, 1 some tests failed; anything else means the run itself broke.
+_PYTEST_RAN = (0, 1)
+_CACHE_FORMAT = 1
+# The environment a vLLM test run sees: nothing of the caller's but these names.
+_PASSED_THROUGH_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "TZ")
+
+
+class ConformanceError(ForkError):
+    """The conformance run could not be set up or its inputs are malformed."""
+
+
+@dataclass(frozen=True)
+class ExpectedDifference:
+    """One upstream test whose outcome the series changes, and the patch that changes it."""
+
+    test: str  # pytest node id, relative to the tree: tests/v1/core/test_x.py::test_y[p]
+    unpatched: str
+    patched: str
+    patch: str  # file name in patches/
+    why: str
+    pins: tuple[str, ...] = ()  # empty: every pin
+
+
+@dataclass(frozen=True)
+class CannotRun:
+    """Upstream tests deselected on both sides, because this machine cannot run them."""
+
+    test: str  # node id or node id prefix (a file)
+    reason: str
+
+
+@dataclass(frozen=True)
+class Difference:
+    test: str
+    unpatched: str
+    patched: str
+    expected: ExpectedDifference | None
+
+    @property
+    def listed(self) -> bool:
+        return self.expected is not None
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Why a comparison fails: ``unlisted``, ``stale`` or ``mismatch``."""
+
+    kind: str
+    test: str
+    text: str
+
+
+@dataclass(frozen=True)
+class Comparison:
+    differences: tuple[Difference, ...]
+    problems: tuple[Problem, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+@dataclass(frozen=True)
+class SideRun:
+    """One side's outcomes, and how they were obtained."""
+
+    label: str
+    outcomes: Mapping[str, str]
+    command: tuple[str, ...]
+    seconds: float
+    cached: bool
+    log_file: Path | None = None
+
+    def counts(self) -> dict[str, int]:
+        return dict(Counter(self.outcomes.values()))
+
+
+@dataclass(frozen=True)
+class ConformanceReport:
+    pin: str
+    unpatched: SideRun
+    patched: SideRun
+    comparison: Comparison
+    cannot_run: tuple[CannotRun, ...]
+    series_changed_tests: tuple[str, ...] = field(default=())
+
+    @property
+    def ok(self) -> bool:
+        return self.comparison.ok
+
+    @property
+    def collected(self) -> int:
+        return len(set(self.unpatched.outcomes) | set(self.patched.outcomes))
+
+
+# ---------------------------------------------------------------------------------------------
+# The comparison: pure functions over outcome tables.
+
+
+def compare(
+    unpatched: Mapping[str, str],
+    patched: Mapping[str, str],
+    expected: Sequence[ExpectedDifference],
+) -> Comparison:
+    """Compare two outcome tables (node id -> outcome) against the expected differences.
+
+    A test missing from one side has the outcome ``absent``. Fails on a difference that is
+    not listed (``unlisted``), on a listed difference that no longer happens (``stale``), and
+    on a listed difference whose outcomes are not the listed ones (``mismatch``).
+    """
+    listed: dict[str, ExpectedDifference] = {}
+    for item in expected:
+        if item.test in listed:
+            raise ConformanceError(f"the expected differences list {item.test} twice; keep one entry.")
+        listed[item.test] = item
+    differences: list[Difference] = []
+    problems: list[Problem] = []
+    for test in sorted(set(unpatched) | set(patched) | set(listed)):
+        before = unpatched.get(test, "absent")
+        after = patched.get(test, "absent")
+        entry = listed.get(test)
+        if before == after:
+            if entry is not None:
+                problems.append(
+                    Problem(
+                        "stale",
+                        test,
+                        f"listed as {entry.unpatched} -> {entry.patched} ({entry.patch}), "
+                        f"but it is {before} on both sides: remove it from the expected differences",
+                    )
+                )
+            continue
+        differences.append(Difference(test, before, after, entry))
+        if entry is None:
+            problems.append(
+                Problem(
+                    "unlisted",
+                    test,
+                    f"{before} unpatched, {after} patched, and not listed: fix the series, or list "
+                    "it with the patch responsible and why",
+                )
+            )
+        elif (entry.unpatched, entry.patched) != (before, after):
+            problems.append(
+                Problem(
+                    "mismatch",
+                    test,
+                    f"listed as {entry.unpatched} -> {entry.patched} ({entry.patch}), "
+                    f"but it is {before} -> {after}",
+                )
+            )
+    return Comparison(tuple(differences), tuple(problems))
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading our TOML files.
+
+
+def _load_toml(path: Path) -> dict[str, object]:
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConformanceError(f"{path} does not exist.") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConformanceError(f"{path} is not valid TOML: {e}") from None
+
+
+def _entries(path: Path, data: dict[str, object], key: str) -> list[dict[str, object]]:
+    entries = data.get(key, [])
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        raise ConformanceError(f"{path}: '{key}' must be an array of tables ([[{key}]]).")
+    return entries
+
+
+def _text(path: Path, entry: dict[str, object], name: str, index: int) -> str:
+    value = entry.get(name)
+    if not isinstance(value, str) or not value.strip():
+        raise ConformanceError(f"{path}: entry {index + 1} needs a non-empty string '{name}'.")
+    return value.strip()
+
+
+def load_expected(path: Path, pin: str, patches_dir: Path | None = None) -> tuple[ExpectedDifference, ...]:
+    """The expected differences that apply to ``pin``; with ``patches_dir``, each patch must exist."""
+    data = _load_toml(path)
+    result: list[ExpectedDifference] = []
+    for i, entry in enumerate(_entries(path, data, "difference")):
+        outcomes = []
+        for side in ("unpatched", "patched"):
+            value = _text(path, entry, side, i)
+            if value not in OUTCOMES:
+                raise ConformanceError(
+                    f"{path}: entry {i + 1} has {side} = {value!r}; use one of {', '.join(OUTCOMES)}."
+                )
+            outcomes.append(value)
+        pins = entry.get("pins", [])
+        if not isinstance(pins, list) or not all(isinstance(p, str) for p in pins):
+            raise ConformanceError(f"{path}: entry {i + 1}: 'pins' must be a list of versions.")
+        item = ExpectedDifference(
+            test=_text(path, entry, "test", i),
+            unpatched=outcomes[0],
+            patched=outcomes[1],
+            patch=_text(path, entry, "patch", i),
+            why=_text(path, entry, "why", i),
+            pins=tuple(pins),
+        )
+        if patches_dir is not None and not (patches_dir / item.patch).is_file():
+            raise ConformanceError(
+                f"{path}: {item.test} names patch {item.patch!r}, which is not in {patches_dir}. "
+                "Name the file of patches/ that causes the difference."
+            )
+        if not item.pins or pin in item.pins:
+            result.append(item)
+    return tuple(result)
+
+
+def load_cannot_run(path: Path) -> tuple[CannotRun, ...]:
+    """``[[group]]`` tables, each a ``reason`` and the ``tests`` (node ids or files) it covers."""
+    data = _load_toml(path)
+    result: list[CannotRun] = []
+    for i, group in enumerate(_entries(path, data, "group")):
+        reason = _text(path, group, "reason", i)
+        tests = group.get("tests")
+        if not isinstance(tests, list) or not tests or not all(isinstance(t, str) and t for t in tests):
+            raise ConformanceError(f"{path}: group {i + 1} needs a non-empty list of node ids 'tests'.")
+        result.extend(CannotRun(t, reason) for t in tests)
+    seen = Counter(c.test for c in result)
+    if twice := sorted(t for t, n in seen.items() if n > 1):
+        raise ConformanceError(f"{path} lists {', '.join(twice)} more than once.")
+    return tuple(result)
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading pytest's JUnit XML.
+
+_SEVERITY = {o: i for i, o in enumerate(("passed", "xpassed", "skipped", "xfailed", "failed", "error"))}
+
+
+def parse_junit(xml_text: str) -> dict[str, str]:
+    """Node id -> outcome, from a ``junit_family=xunit1`` report (it carries each test's file).
+
+    A test reported twice (a failure and a teardown error) keeps its worse outcome; a module
+    that fails to import is reported under its file path with ``error``.
+    """
+    root = ET.fromstring(xml_text)
+    outcomes: dict[str, str] = {}
+    for case in root.iter("testcase"):
+        node = _node_id(case)
+        outcome = _outcome(case)
+        if node in outcomes and _SEVERITY[outcomes[node]] >= _SEVERITY[outcome]:
+            continue
+        outcomes[node] = outcome
+    return outcomes
+
+
+def _node_id(case: ET.Element) -> str:
+    name = case.get("name", "")
+    classname = case.get("classname", "")
+    file = case.get("file") or ""
+    if not classname:  # a module that failed to collect: name is its dotted path
+        return file or name.replace(".", "/") + ".py"
+    module = file.removesuffix(".py").replace("/", ".")
+    if not file or not classname.startswith(module):
+        raise ConformanceError(
+            f"the JUnit report has no file for {classname}::{name}; run pytest with -o junit_family=xunit1."
+        )
+    classes = [c for c in classname[len(module) :].split(".") if c]
+    return "::".join([file, *classes, name])
+
+
+def _outcome(case: ET.Element) -> str:
+    if case.find("error") is not None:
+        return "error"
+    if case.find("failure") is not None:
+        return "failed"
+    skipped = case.find("skipped")
+    if skipped is not None:
+        return "xfailed" if skipped.get("type") == "pytest.xfail" else "skipped"
+    return "passed"
+
+
+# ---------------------------------------------------------------------------------------------
+# Running one side.
+
+
+def _hash_files(digest: hashlib._Hash, root: Path, paths: Iterable[Path]) -> None:
+    for path in sorted(paths):
+        if "__pycache__" in path.parts or not path.is_file():
+            continue
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0")
+        digest.update(hashlib.sha256(path.read_bytes()).digest())
+
+
+def tree_id(root: Path, *subdirs: str) -> str:
+    """A content hash of ``subdirs`` of ``root``: the same files give the same id, git or not."""
+    digest = hashlib.sha256()
+    for sub in subdirs:
+        digest.update(f"[{sub}]".encode())
+        _hash_files(digest, root, (root / sub).rglob("*"))
+    return digest.hexdigest()
+
+
+def _tree_version(tree: Path) -> str | None:
+    version_file = tree / "vllm" / "_version.py"
+    if not version_file.is_file():
+        return None
+    match = re.search(r"^__version__\s*=.*?['\"]([^'\"]+)['\"]", version_file.read_text(), re.MULTILINE)
+    return match.group(1) if match else None
+
+
+def _check_tree(tree: Path, label: str, pin: str) -> None:
+    if not (tree / "vllm" / "__init__.py").is_file():
+        raise ConformanceError(f"the {label} tree {tree} has no vllm/ package; give a vLLM source tree.")
+    version = _tree_version(tree)
+    if version is None:
+        log.warn(f"the {label} tree {tree} has no vllm/_version.py; vLLM will call itself 'dev'.")
+    elif version.split("+")[0] != pin:
+        raise ConformanceError(f"the {label} tree {tree} is vLLM {version}, not the pin {pin}.")
+
+
+def _referee(unpatched_tree: Path, work: Path) -> Path:
+    """A directory holding only the pin's ``tests/`` and ``pyproject.toml`` (pytest's config)."""
+    if not (unpatched_tree / SUITE).is_dir():
+        raise ConformanceError(f"the unpatched tree {unpatched_tree} has no {SUITE}/; use the pin's sdist.")
+    referee = work / "referee"
+    referee.mkdir()
+    shutil.copytree(unpatched_tree / "tests", referee / "tests", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy2(unpatched_tree / "pyproject.toml", referee / "pyproject.toml")
+    return referee
+
+
+def _env(tree: Path, hf_home: Path, pycache: Path) -> dict[str, str]:
+    env = {k: os.environ[k] for k in _PASSED_THROUGH_ENV if k in os.environ}
+    env.update(
+        PYTHONPATH=str(tree),
+        # Byte code goes to our cache, never into the trees (an unpacked sdist stays untouched).
+        PYTHONPYCACHEPREFIX=str(pycache),
+        HF_HOME=str(hf_home),
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        HF_HUB_DISABLE_TELEMETRY="1",
+        VLLM_TARGET_DEVICE="cpu",
+        VLLM_NO_USAGE_STATS="1",
+        DO_NOT_TRACK="1",
+    )
+    return env
+
+
+def _check_vllm_resolves(python: Path, referee: Path, env: Mapping[str, str], tree: Path) -> None:
+    origin = (
+        proc.run(
+            [python, "-c", "import importlib.util; print(importlib.util.find_spec('vllm').origin)"],
+            cwd=referee,
+            env=env,
+            hint=f"{python} cannot find a vllm package; is it the python of a venv with vLLM's dependencies?",
+        )
+        .strip()
+        .splitlines()[-1]
+    )
+    expected = (tree / "vllm" / "__init__.py").resolve()
+    if Path(origin).resolve() != expected:
+        raise ConformanceError(
+            f"with PYTHONPATH={tree}, {python} imports vllm from {origin}, not {expected}: "
+            "something (a .pth file, an editable install) puts another vllm first."
+        )
+
+
+def _pytest_command(python: Path, junit: Path, cannot_run: Sequence[CannotRun], workers: int) -> list[str]:
+    cmd = [
+        str(python), "-m", "pytest", SUITE,
+        "-p", "no:cacheprovider",
+        "-q", "-rfE",
+        f"--junitxml={junit}",
+        "-o", "junit_family=xunit1",
+        "-o", "junit_logging=no",
+        # A module that fails to import is one error among the outcomes, not the end of the run.
+        "--continue-on-collection-errors",
+    ]  # fmt: skip
+    if workers > 0:
+        cmd += ["-n", str(workers)]
+    for entry in cannot_run:
+        cmd += ["--deselect", entry.test]
+    return cmd
+
+
+@dataclass(frozen=True)
+class _Setup:
+    """What both sides share."""
+
+    python: Path
+    referee: Path
+    hf_home: Path
+    cannot_run: tuple[CannotRun, ...]
+    workers: int
+    work: Path
+    pycache: Path
+    logs_dir: Path | None
+
+
+def _run_side(label: str, tree: Path, setup: _Setup) -> SideRun:
+    python, referee, work, workers, logs_dir = (
+        setup.python, setup.referee, setup.work, setup.workers, setup.logs_dir
+    )  # fmt: skip
+    env = _env(tree, setup.hf_home, setup.pycache)
+    _check_vllm_resolves(python, referee, env, tree)
+    junit = work / f"{label}.xml"
+    cmd = _pytest_command(python, junit, setup.cannot_run, workers)
+    how = "serially" if workers <= 0 else f"on {workers} workers"
+    log.info(f"running {SUITE} against the {label} tree {tree} {how}")
+    start = time.perf_counter()
+    try:
+        output = proc.run(cmd, cwd=referee, env=env)
+    except FailedProcess as e:
+        if e.returncode not in _PYTEST_RAN or not junit.is_file():
+            raise
+        output = e.output
+    seconds = time.perf_counter() - start
+    outcomes = parse_junit(junit.read_text(encoding="utf-8"))
+    if not outcomes:
+        raise ConformanceError(f"pytest reported no test of {SUITE} for the {label} tree:\n{output[-3000:]}")
+    log_file = None
+    if logs_dir is not None:
+        logs_dir.mkdir(parents=True, exist_ok=True)
+        log_file = logs_dir / f"{label}.log"
+        write_atomic(log_file, output)
+        write_atomic(logs_dir / f"{label}.xml", junit.read_text(encoding="utf-8"))
+    counts = ", ".join(f"{n} {o}" for o, n in sorted(Counter(outcomes.values()).items()))
+    log.info(f"{label}: {counts} in {seconds:.0f} s")
+    return SideRun(label, outcomes, tuple(cmd), seconds, cached=False, log_file=log_file)
+
+
+def _installed_packages(python: Path) -> str:
+    return proc.run(
+        [python, "-m", "pip", "freeze", "--all"], hint=f"{python} has no pip to list its packages."
+    )
+
+
+def _baseline_key(
+    pin: str,
+    python: Path,
+    unpatched_tree: Path,
+    referee: Path,
+    hf_home: Path,
+    cannot_run: Sequence[CannotRun],
+) -> dict[str, str]:
+    return {
+        "format": str(_CACHE_FORMAT),
+        "pin": pin,
+        "vllm": tree_id(unpatched_tree, "vllm"),
+        "tests": tree_id(referee, "tests"),
+        "hf_fixtures": tree_id(hf_home, "hub"),
+        "cannot_run": hashlib.sha256("\n".join(sorted(c.test for c in cannot_run)).encode()).hexdigest(),
+        "packages": hashlib.sha256(_installed_packages(python).encode()).hexdigest(),
+    }
+
+
+def _cached_baseline(cache_file: Path, key: Mapping[str, str]) -> SideRun | None:
+    try:
+        record = json.loads(cache_file.read_text(encoding="utf-8"))
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    if record.get("key") != dict(key):
+        return None
+    log.info(f"unpatched outcomes of {key['pin']} from the cache {cache_file}")
+    return SideRun(
+        "unpatched",
+        dict(record["outcomes"]),
+        tuple(record["command"]),
+        float(record["seconds"]),
+        cached=True,
+    )
+
+
+def _store_baseline(cache_file: Path, key: Mapping[str, str], run: SideRun, tree: Path) -> None:
+    cache_file.parent.mkdir(parents=True, exist_ok=True)
+    record = {
+        "key": dict(key),
+        "tree": str(tree),
+        "command": list(run.command),
+        "cwd": "a directory holding only the pin's tests/ and pyproject.toml",
+        "env": {"PYTHONPATH": str(tree), "VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1"},
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "seconds": run.seconds,
+        "outcomes": dict(sorted(run.outcomes.items())),
+    }
+    write_atomic(cache_file, json.dumps(record, indent=1) + "\n")
+
+
+def _changed_suite_files(patched_tree: Path, unpatched_tree: Path) -> tuple[str, ...]:
+    """Files of the suite that the series adds, removes or changes (they do not referee it)."""
+
+    def files(root: Path) -> dict[str, bytes]:
+        base = root / SUITE
+        return {
+            p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).digest()
+            for p in base.rglob("*")
+            if p.is_file() and "__pycache__" not in p.parts
+        }
+
+    if not (patched_tree / SUITE).is_dir():
+        return ()
+    mine, theirs = files(patched_tree), files(unpatched_tree)
+    return tuple(sorted(p for p in set(mine) | set(theirs) if mine.get(p) != theirs.get(p)))
+
+
+def run_conformance(
+    python: Path,
+    patched_tree: Path,
+    unpatched_tree: Path,
+    pin: str,
+    expected: Path,
+    hf_home: Path,
+    baseline_cache: Path | None,
+    *,
+    cannot_run: Path | None = None,
+    patches_dir: Path | None = None,
+    workers: int = 2,
+    logs_dir: Path | None = None,
+) -> ConformanceReport:
+    """Run the pin's ``tests/v1/core/`` against both trees and compare them test by test.
+
+    ``python`` is the interpreter of a venv holding vLLM's dependencies (an installed vllm
+    there is shadowed by each tree). ``hf_home`` holds ``hub/models--*/snapshots/*/config.json``
+    for every model the suite names. ``baseline_cache``, when given, is a directory where the
+    unpatched outcomes are kept per pin. ``cannot_run`` lists tests deselected on both sides;
+    ``patches_dir`` checks that each expected difference names an existing patch;
+    ``workers`` is pytest-xdist's ``-n`` (0 runs serially); ``logs_dir`` keeps each side's
+    pytest output and JUnit report.
+    """
+    patched_tree, unpatched_tree = Path(patched_tree).resolve(), Path(unpatched_tree).resolve()
+    if not Path(python).exists():
+        raise ConformanceError(f"{python} does not exist; give the python of a venv with vLLM's deps.")
+    if patched_tree == unpatched_tree:
+        raise ConformanceError(f"the patched and unpatched trees are the same directory ({patched_tree}).")
+    _check_tree(unpatched_tree, "unpatched", pin)
+    _check_tree(patched_tree, "patched", pin)
+    if not (hf_home / "hub").is_dir():
+        raise ConformanceError(f"{hf_home} has no hub/; give the tests/fixtures/hf directory.")
+    expectations = load_expected(expected, pin, patches_dir)
+    skipped = load_cannot_run(cannot_run) if cannot_run is not None else ()
+    changed = _changed_suite_files(patched_tree, unpatched_tree)
+    if changed:
+        log.warn(
+            f"the series changes {len(changed)} file(s) of {SUITE} ({', '.join(changed)}); "
+            "the pin's own tests referee it, so those changes are not run here."
+        )
+    with log.phase(f"conformance {pin}"), tempfile.TemporaryDirectory(prefix="vllm-rbln-conformance-") as tmp:
+        work = Path(tmp)
+        referee = _referee(unpatched_tree, work)
+        for entry in skipped:
+            if not (referee / entry.test.split("::")[0]).exists():
+                raise ConformanceError(
+                    f"{cannot_run} lists {entry.test}, which is not in the pin's tests; remove it."
+                )
+        # A private copy: huggingface_hub may write locks or metadata under HF_HOME.
+        hf_copy = work / "hf"
+        shutil.copytree(hf_home, hf_copy)
+        setup = _Setup(
+            python=python,
+            referee=referee,
+            hf_home=hf_copy,
+            cannot_run=skipped,
+            workers=workers,
+            work=work,
+            pycache=(baseline_cache or work) / "pycache",
+            logs_dir=logs_dir,
+        )
+
+        baseline: SideRun | None = None
+        cache_file: Path | None = None
+        key: dict[str, str] = {}
+        if baseline_cache is not None:
+            key = _baseline_key(pin, python, unpatched_tree, referee, hf_home, skipped)
+            digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+            cache_file = baseline_cache / "baselines" / f"vllm-{pin}-{digest}.json"
+            baseline = _cached_baseline(cache_file, key)
+        if baseline is None:
+            baseline = _run_side("unpatched", unpatched_tree, setup)
+            if cache_file is not None:
+                _store_baseline(cache_file, key, baseline, unpatched_tree)
+        patched = _run_side("patched", patched_tree, setup)
+
+    comparison = compare(baseline.outcomes, patched.outcomes, expectations)
+    return ConformanceReport(pin, baseline, patched, comparison, skipped, changed)
+
+
+# ---------------------------------------------------------------------------------------------
+# Rendering.
+
+
+def _counts_line(run: SideRun) -> str:
+    counts = run.counts()
+    parts = [f"{counts[o]} {o}" for o in OUTCOMES if counts.get(o)]
+    how = "cached" if run.cached else f"{run.seconds:.0f} s"
+    return f"{run.label:>9}: {sum(counts.values())} tests, {', '.join(parts)} ({how})"
+
+
+def render_report(report: ConformanceReport) -> str:
+    """The report as plain text: counts, each difference with its reason, and what fails."""
+    lines = [
+        f"upstream conformance, vLLM {report.pin}: {SUITE}, {report.collected} tests "
+        f"({len(report.cannot_run)} entries deselected as cannot-run)",
+        _counts_line(report.unpatched),
+        _counts_line(report.patched),
+    ]
+    listed = [d for d in report.comparison.differences if d.expected is not None]
+    if listed:
+        lines.append(f"listed differences ({len(listed)}):")
+        for d in listed:
+            assert d.expected is not None
+            lines.append(f"  {d.test}: {d.unpatched} -> {d.patched} [{d.expected.patch}] {d.expected.why}")
+    if report.series_changed_tests:
+        lines.append("suite files the series changes (not run): " + ", ".join(report.series_changed_tests))
+    if report.comparison.problems:
+        lines.append(f"FAILED: {len(report.comparison.problems)} problem(s):")
+        lines.extend(f"  {p.kind}: {p.test}: {p.text}" for p in report.comparison.problems)
+        for run in (report.unpatched, report.patched):
+            if run.log_file is not None:
+                lines.append(f"  {run.label} pytest output: {run.log_file}")
+    else:
+        lines.append("OK: every difference is listed and every listed difference happens.")
+    return "\n".join(lines)
