@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import tempfile
 import xml.etree.ElementTree as ET
@@ -96,7 +97,7 @@ def source_tree(repo: Repo, commit: str, name: str) -> Path:
     tree = cache_root() / "test-trees" / f"{name}-{commit[:12]}"
     if not (tree / ".complete").exists():
         with log.phase(f"check out {name} tree {commit[:12]}"), tempfile.TemporaryDirectory() as tmp:
-            proc.run(["rm", "-rf", tree])
+            shutil.rmtree(tree, ignore_errors=True)
             checkout_into(repo, commit, tree, Path(tmp) / "index")
             (tree / ".complete").write_text("")
     return tree
@@ -111,7 +112,7 @@ def variant_trees(repo: Repo, patched_commit: str) -> dict[str, str]:
         )
         if not (tree / ".complete").exists():
             with log.phase(f"make variant tree {patch.stem}"), tempfile.TemporaryDirectory() as tmp:
-                proc.run(["rm", "-rf", tree])
+                shutil.rmtree(tree, ignore_errors=True)
                 checkout_into(repo, patched_commit, tree, Path(tmp) / "index")
                 proc.run(["git", "apply", str(patch)], cwd=tree)
                 (tree / ".complete").write_text("")
