@@ -107,6 +107,40 @@ def _three_way(repo: Repo, head: str, commit: str) -> tuple[str, list[str]]:
     return lines[0].strip(), [line.strip() for line in lines[1:] if line.strip()] if status == 1 else []
 
 
+@dataclass(frozen=True)
+class Step:
+    """What carrying one patch onto a head gives, before anything is committed.
+
+    ``kind``: ``applied`` (``tree`` is the result), ``dropped`` (by its Applied-Upstream
+    trailer), ``upstreamed`` (a backport the head already contains), ``empty`` (a
+    non-backport that changes nothing) or ``conflict`` (``tree`` holds the conflict
+    markers, ``conflicts`` names the files).
+    """
+
+    kind: str
+    tree: str | None = None
+    conflicts: tuple[str, ...] = ()
+    reason: str = ""
+
+
+def carry_step(repo: Repo, head: str, item: Applied, pin: Pin, scratch: Path) -> Step:
+    """Carry one commit made by commit_series_on onto ``head`` (at ``pin``), in memory."""
+    patch = item.patch
+    if reason := trailer_drop(patch, pin):
+        return Step("dropped", reason=reason)
+    if patch.is_backport and _reverse_applies(repo, head, patch, scratch):
+        return Step("upstreamed", reason=_detected_reason(patch, pin, "it reverse-applies"))
+    tree, conflicts = _three_way(repo, head, item.commit)
+    if conflicts:
+        return Step("conflict", tree, tuple(conflicts))
+    if tree == repo.tree_of(head):
+        if patch.is_backport:
+            reason = _detected_reason(patch, pin, "applying it changes nothing")
+            return Step("upstreamed", tree, reason=reason)
+        return Step("empty", tree, reason=f"applying it to vllm {pin} changes nothing")
+    return Step("applied", tree)
+
+
 def carry_series(
     repo: Repo, built: list[Applied], base: Upstream, target: Upstream, scratch: Path, conflict_root: Path
 ) -> AppliedSeries:
@@ -116,33 +150,33 @@ def carry_series(
     dropped: list[Dropped] = []
     for index, item in enumerate(built):
         patch = item.patch
-        if reason := trailer_drop(patch, target.pin):
-            dropped.append(Dropped(patch, reason))
+        step = carry_step(repo, head, item, target.pin, scratch)
+        if step.kind in ("dropped", "upstreamed"):
+            dropped.append(Dropped(patch, step.reason))
             continue
-        if patch.is_backport and _reverse_applies(repo, head, patch, scratch):
-            dropped.append(Dropped(patch, _detected_reason(patch, target.pin, "it reverse-applies")))
-            continue
-        tree, conflicts = _three_way(repo, head, item.commit)
-        if conflicts:
-            rest = [b.commit for b in built[index:] if not trailer_drop(b.patch, target.pin)]
-            raise _conflict_error(repo, patch, target, head, rest, conflicts, conflict_root)
-        if tree == repo.tree_of(head):
-            if not patch.is_backport:
-                raise ForkError(
-                    f"patches/{patch.name} (Origin: {patch.origin_kind}) changes nothing on vllm "
-                    f"{target.pin}: upstream seems to contain it. An RBLN patch is never dropped "
-                    f"silently: remove it from the series, or give it 'Origin: backport, <ref>' "
-                    f"and 'Applied-Upstream: {target.pin}' if it was upstreamed."
-                )
-            dropped.append(Dropped(patch, _detected_reason(patch, target.pin, "applying it changes nothing")))
-            continue
+        if step.kind == "conflict":
+            rest = remaining_commits(built[index:], target.pin)
+            raise _conflict_error(repo, patch, target, head, rest, list(step.conflicts), conflict_root)
+        if step.kind == "empty":
+            raise ForkError(
+                f"patches/{patch.name} (Origin: {patch.origin_kind}) changes nothing on vllm "
+                f"{target.pin}: upstream seems to contain it. An RBLN patch is never dropped "
+                f"silently: remove it from the series, or give it 'Origin: backport, <ref>' "
+                f"and 'Applied-Upstream: {target.pin}' if it was upstreamed."
+            )
+        assert step.tree is not None
         # Same tree, parent, message and identity give the same id: on the base pin the
         # carried commit is the one commit_series_on made.
-        head = repo.commit_tree(tree, [head], patch.message, patch_identity(patch))
+        head = repo.commit_tree(step.tree, [head], patch.message, patch_identity(patch))
         applied.append(Applied(patch, head))
     for drop in dropped:
         log.warn(f"dropped patches/{drop.patch.name}: {drop.reason}")
     return AppliedSeries(target, head, tuple(applied), tuple(dropped))
+
+
+def remaining_commits(built: list[Applied], pin: Pin) -> list[str]:
+    """The commits a conflict work tree cherry-picks: ``built`` less what trailers drop."""
+    return [b.commit for b in built if not trailer_drop(b.patch, pin)]
 
 
 def _detected_reason(patch: Patch, pin: Pin, how: str) -> str:
@@ -155,10 +189,9 @@ def _detected_reason(patch: Patch, pin: Pin, how: str) -> str:
 HUNK = re.compile(r"^<<<<<<< ", re.M)
 
 
-def _conflict_error(
-    repo: Repo, patch: Patch, target: Upstream, head: str, rest: list[str], files: list[str], root: Path
-) -> PatchDoesNotApply:
-    """Leave a work tree stopped at the conflict (a real ``git cherry-pick``) and describe it."""
+def conflict_work_tree(repo: Repo, target: Upstream, head: str, rest: list[str], root: Path) -> Path:
+    """Leave ``root/conflict-<label>``: ``head`` checked out, ``rest`` cherry-picked up to
+    the first conflict (a real ``git cherry-pick`` in progress)."""
     tree = root / f"conflict-{target.label}"
     repo.run("worktree", "prune")
     if tree.exists():
@@ -168,6 +201,22 @@ def _conflict_error(
     repo.run("worktree", "add", "--detach", str(tree), head)
     identity = Identity("vllm-rbln-fork", "vllm-rbln-fork@users.noreply.invalid", "@0 +0000").env()
     repo.run("cherry-pick", *rest, env=identity, cwd=tree, ok_codes=(0, 1), in_work_tree=True)
+    return tree
+
+
+def resolve_instructions(tree: Path) -> str:
+    return (
+        f"A work tree stopped at the conflict is at {tree}: resolve the files there, 'git add' "
+        f"them, 'git cherry-pick --continue' (it carries the remaining patches too), then "
+        f"'python build.py export --dir {tree}'."
+    )
+
+
+def _conflict_error(
+    repo: Repo, patch: Patch, target: Upstream, head: str, rest: list[str], files: list[str], root: Path
+) -> PatchDoesNotApply:
+    """Leave a work tree stopped at the conflict (a real ``git cherry-pick``) and describe it."""
+    tree = conflict_work_tree(repo, target, head, rest, root)
     lines = [
         f"patches/{patch.name} does not apply to vllm {target.pin}: upstream changed the code "
         f"it touches. Conflicts:"
@@ -180,11 +229,7 @@ def _conflict_error(
             ", ".join(f"hunk at line {n}" for n in starts) or "file-level conflict (added/deleted/renamed)"
         )
         lines.append(f"  {name}: {where}")
-    lines.append(
-        f"A work tree stopped at the conflict is at {tree}: resolve the files there, 'git add' "
-        f"them, 'git cherry-pick --continue' (it carries the remaining patches too), then "
-        f"'python build.py export --dir {tree}'."
-    )
+    lines.append(resolve_instructions(tree))
     return PatchDoesNotApply("\n".join(lines))
 
 

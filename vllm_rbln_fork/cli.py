@@ -65,6 +65,21 @@ def _build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--source", help="build from a local sdist, a source tree, or git+URL@REF")
     parser.add_argument("--no-cache", action="store_true", help="rebuild even if a cached wheel matches")
     parser.add_argument(
+        "--review",
+        action="store_true",
+        help="instead of building, carry the series onto --pin and report what upstream changed "
+        "under each patch (exit 0 ready, 1 needs work, 2 error)",
+    )
+    parser.add_argument(
+        "--write",
+        action="store_true",
+        help="with --review: refresh patches/ and series for --pin if nothing conflicts, else "
+        "leave a work tree at the first conflict",
+    )
+    parser.add_argument(
+        "--report-dir", type=Path, help="with --review: where the reports go (default: work/review-v<pin>)"
+    )
+    parser.add_argument(
         "--publish",
         metavar="DEST",
         help="after the build, publish the wheel: a folder (static PEP 503 index) or an upload URL",
@@ -131,6 +146,10 @@ def main(argv: list[str]) -> int:
 
 
 def _build(args: argparse.Namespace) -> int:
+    if args.review:
+        return _review(args)
+    if args.write or args.report_dir:
+        _build_parser().error("--write and --report-dir go with --review")
     from .pipeline import build
 
     start = time.perf_counter()
@@ -161,6 +180,35 @@ def _build(args: argparse.Namespace) -> int:
         )
     print(result.wheel)
     return 0
+
+
+def _review(args: argparse.Namespace) -> int:
+    from .review import review
+    from .review_render import summary_lines, write_reports
+
+    if args.publish:
+        _build_parser().error("--publish does not go with --review")
+    pin = Pin.parse(args.pin)
+    spec = SourceSpec.parse(args.source, args.index_url)
+    project = Project.default()
+    result = review(pin, spec, project, write=args.write)
+    md, page = write_reports(result, args.report_dir or project.work_dir / f"review-v{pin}")
+    style = "bold green" if result.ready else "bold yellow"
+    lines = summary_lines(result)
+    console.print(f"[{style}]{lines[0]}[/{style}]")
+    for line in lines[1:]:
+        console.print(line)
+    for name in result.written:
+        console.print(f"    wrote {name}")
+    if result.instructions:
+        console.print(f"    {result.instructions}")
+    console.print("next:")
+    for command in result.next_commands:
+        console.print(f"    {command}")
+    console.print(f"    report    {md}")
+    console.print(f"    report    {page}")
+    print(md)
+    return result.exit_code
 
 
 def _yank(args: argparse.Namespace) -> int:

@@ -113,6 +113,17 @@ def prepare(
     return Prepared(up, spec.kind, spec.location, "", tree_dir, index_file)
 
 
+def base_upstream(
+    repo: Repo, series: Series, target: Prepared, spec: SourceSpec, lock: PinsLock, scratch: Path
+) -> Upstream:
+    """The upstream commit of the pin the series was exported against (imported if need be)."""
+    base_pin = series.exported_against
+    if base_pin == target.upstream.pin:
+        return target.upstream
+    base_spec = spec if spec.kind == "index" else SourceSpec.parse(None, None)
+    return prepare(repo, base_pin, base_spec, lock, scratch).upstream
+
+
 def apply_series(
     repo: Repo,
     series: Series,
@@ -123,12 +134,7 @@ def apply_series(
     project: Project,
 ) -> AppliedSeries:
     """Commit the series on the pin it was exported against and carry it onto ``target``."""
-    base_pin = series.exported_against
-    if base_pin == target.upstream.pin:
-        base = target.upstream
-    else:
-        base_spec = spec if spec.kind == "index" else SourceSpec.parse(None, None)
-        base = prepare(repo, base_pin, base_spec, lock, scratch).upstream
+    base = base_upstream(repo, series, target, spec, lock, scratch)
     with log.phase(f"apply {len(series.patches)} patches"):
         built = commit_series_on(repo, base, series, scratch)
         result = carry_series(repo, built, base, target.upstream, scratch, project.work_dir)

@@ -14,7 +14,7 @@ import http.server
 import io
 import tarfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,6 +72,69 @@ FILES: dict[str, dict[str, str]] = {
     "1.3": {"vllm/core/gate.py": GATE_1_3},
 }
 
+# The review family (``python build.py --pin X --review``): 2.x repeats 1.0-1.3 and adds
+# a block-accounting module that later releases change under the series. Only the
+# ``review_index`` fixture of test_review.py publishes these.
+BLOCKS_2_0 = '''\
+"""Block accounting."""
+
+
+def blocks_for(num_tokens: int, block_size: int) -> int:
+    """How many blocks hold num_tokens."""
+    return (num_tokens + block_size - 1) // block_size
+
+
+def free_blocks(total: int, used: int) -> int:
+    return total - used
+
+
+class Pool:
+    def __init__(self, total: int, block_size: int) -> None:
+        self.total = total
+        self.block_size = block_size
+        self.used = 0
+
+    def can_fit(self, num_tokens: int) -> bool:
+        need = blocks_for(num_tokens, self.block_size)
+        return need <= free_blocks(self.total, self.used)
+
+    def take(self, num_tokens: int) -> None:
+        self.used += blocks_for(num_tokens, self.block_size)
+'''
+# 2.4: the body of blocks_for changes (the lookahead backport calls it); no conflict.
+BLOCKS_2_4 = BLOCKS_2_0.replace(
+    "    return (num_tokens + block_size - 1) // block_size\n", "    return -(-num_tokens // block_size)\n"
+)
+# 2.5: compatible signature change of free_blocks (called by the RBLN pool) and a
+# changed signature of Pool.take (which the RBLN pool overrides).
+BLOCKS_2_5 = BLOCKS_2_0.replace(
+    "def free_blocks(total: int, used: int) -> int:\n    return total - used\n",
+    "def free_blocks(total: int, used: int, reserved: int = 0) -> int:\n    return total - used - reserved\n",
+).replace(
+    "    def take(self, num_tokens: int) -> None:",
+    "    def take(self, num_tokens: int, *, pinned: bool = False) -> None:",
+)
+# 2.6: free_blocks renames the parameter the RBLN pool passes by keyword (breaking).
+BLOCKS_2_6 = BLOCKS_2_0.replace(
+    "def free_blocks(total: int, used: int) -> int:\n    return total - used\n",
+    "def free_blocks(total: int, in_use: int) -> int:\n    return total - in_use\n",
+)
+# 2.7: upstream made half of the lookahead backport (the attribute), not the other half.
+BLOCKS_2_7 = BLOCKS_2_0.replace(
+    "        self.used = 0\n", "        self.used = 0\n        self.lookahead = 1\n"
+)
+
+REVIEW_FILES: dict[str, dict[str, str]] = {
+    "2.0": {"vllm/core/gate.py": GATE_1_0, "vllm/core/blocks.py": BLOCKS_2_0},
+    "2.1": {"vllm/core/gate.py": GATE_1_1, "vllm/core/blocks.py": BLOCKS_2_0},
+    "2.2": {"vllm/core/gate.py": GATE_1_2, "vllm/core/blocks.py": BLOCKS_2_0},
+    "2.3": {"vllm/core/gate.py": GATE_1_3, "vllm/core/blocks.py": BLOCKS_2_0},
+    "2.4": {"vllm/core/gate.py": GATE_1_1, "vllm/core/blocks.py": BLOCKS_2_4},
+    "2.5": {"vllm/core/gate.py": GATE_1_1, "vllm/core/blocks.py": BLOCKS_2_5},
+    "2.6": {"vllm/core/gate.py": GATE_1_1, "vllm/core/blocks.py": BLOCKS_2_6},
+    "2.7": {"vllm/core/gate.py": GATE_1_1, "vllm/core/blocks.py": BLOCKS_2_7},
+}
+
 
 def make_sdist(version: str, dest: Path, extra: dict[str, str] | None = None) -> Path:
     files = {
@@ -81,7 +144,7 @@ def make_sdist(version: str, dest: Path, extra: dict[str, str] | None = None) ->
         "vllm/__init__.py": f'__version__ = "{version}"\n',
         "vllm/core/__init__.py": "",
         ".gitignore": "vllm/core/\n",  # the importer must not honour ignore rules
-        **FILES[version],
+        **{**FILES, **REVIEW_FILES}[version],
         **(extra or {}),
     }
     path = dest / f"vllm-{version}.tar.gz"
@@ -173,13 +236,20 @@ class Fork:
         return SourceSpec("index", self.index.url)
 
 
-def author_series(project: Project, index: SyntheticIndex, tmp_path: Path) -> None:
-    """Write the two-patch series on 1.0 the way a developer would: checkout, commit, export."""
+def author_series(
+    project: Project,
+    index: SyntheticIndex,
+    tmp_path: Path,
+    base: str = "1.0",
+    more: Callable[[Path, Callable[[str], None]], None] | None = None,
+) -> None:
+    """Write the two-patch series on ``base`` the way a developer would: checkout, commit,
+    export. ``more(tree, commit)`` may add commits (``commit(message)`` commits all changes)."""
     from vllm_rbln_fork.workflow import checkout, export
 
     project.patches_dir.mkdir(parents=True, exist_ok=True)
-    project.series_file.write_text(render_series(Pin.parse("1.0"), []))
-    tree = checkout(Pin.parse("1.0"), SourceSpec("index", index.url), project, tmp_path / "edit")
+    project.series_file.write_text(render_series(Pin.parse(base), []))
+    tree = checkout(Pin.parse(base), SourceSpec("index", index.url), project, tmp_path / "edit")
     repo = Repo(tree, bare=False)
     env = {
         "GIT_AUTHOR_NAME": "Dev",
@@ -194,6 +264,13 @@ def author_series(project: Project, index: SyntheticIndex, tmp_path: Path) -> No
     repo.run("commit", "-q", "-a", "-m", BACKPORT_MSG, env=env, in_work_tree=True, cwd=tree)
     gate.write_text(gate.read_text().replace("    return 0\n", "    return 16\n"))
     repo.run("commit", "-q", "-a", "-m", RBLN_MSG, env=env, in_work_tree=True, cwd=tree)
+    if more is not None:
+
+        def commit(message: str) -> None:
+            repo.run("add", "-A", "-f", env=env, in_work_tree=True, cwd=tree)
+            repo.run("commit", "-q", "-m", message, env=env, in_work_tree=True, cwd=tree)
+
+        more(tree, commit)
     export(tree, project)
 
 
@@ -202,4 +279,56 @@ def fork(tmp_path: Path, index_server: SyntheticIndex) -> Fork:
     project = Project(tmp_path / "project")
     project.root.mkdir()
     author_series(project, index_server, tmp_path)
+    return Fork(project, index_server)
+
+
+# The review family's series: the fork's two patches on 2.0, and two more (test_review.py).
+LOOKAHEAD_MSG = """\
+Reserve a lookahead block in the pool
+
+A request that fits exactly is admitted and then cannot take its first
+decode step; reserving one lookahead block at admission avoids that.
+
+Origin: backport, example/vllm#2
+"""
+POOL_MSG = """\
+Add the RBLN pool
+
+RBLN NPUs account for blocks in a pool of their own that checks it never
+goes below zero, as a subclass of upstream's Pool.
+
+Origin: rbln
+"""
+RBLN_POOL = """\
+from vllm.core.blocks import Pool, free_blocks
+
+
+class RBLNPool(Pool):
+    def take(self, num_tokens: int) -> None:
+        super().take(num_tokens)
+        assert free_blocks(self.total, used=self.used) >= 0
+"""
+
+
+def _review_series_more(tree: Path, commit: Callable[[str], None]) -> None:
+    blocks = tree / "vllm/core/blocks.py"
+    text = blocks.read_text()
+    text = text.replace("        self.used = 0\n", "        self.used = 0\n        self.lookahead = 1\n")
+    text = text.replace(
+        "        need = blocks_for(num_tokens, self.block_size)\n",
+        "        need = blocks_for(num_tokens, self.block_size) + self.lookahead\n",
+    )
+    blocks.write_text(text)
+    commit(LOOKAHEAD_MSG)
+    (tree / "vllm/core/rbln_pool.py").write_text(RBLN_POOL)
+    commit(POOL_MSG)
+
+
+@pytest.fixture
+def review_fork(tmp_path: Path, index_server) -> Fork:
+    for version in REVIEW_FILES:
+        index_server.publish(make_sdist(version, tmp_path))
+    project = Project(tmp_path / "project")
+    project.root.mkdir()
+    author_series(project, index_server, tmp_path, base="2.0", more=_review_series_more)
     return Fork(project, index_server)

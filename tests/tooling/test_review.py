@@ -1,0 +1,230 @@
+"""``build.py --pin X --review`` on the synthetic upstream's 2.x family (see conftest.py).
+
+The series, exported against 2.0, has four patches:
+
+1. count-one-more-slot-at-admission (backport): gate.py, ``needed = prompt_tokens + 1``
+2. add-rbln-padding (rbln): gate.py, ``return 16``
+3. reserve-a-lookahead-block-in-the-pool (backport): blocks.py, two changes, calls ``blocks_for``
+4. add-the-rbln-pool (rbln): a new file; calls ``free_blocks(..., used=...)``, overrides ``Pool.take``
+"""
+
+from __future__ import annotations
+
+import html.parser
+
+from vllm_rbln_fork import cli
+from vllm_rbln_fork.pins import Pin
+from vllm_rbln_fork.project import Project
+from vllm_rbln_fork.review import Review, contained_backports, review
+from vllm_rbln_fork.review_render import html_page, markdown, write_reports
+from vllm_rbln_fork.workflow import checkout, export
+
+BACKPORT = "count-one-more-slot-at-admission.patch"
+PADDING = "add-rbln-padding.patch"
+LOOKAHEAD = "reserve-a-lookahead-block-in-the-pool.patch"
+POOL = "add-the-rbln-pool.patch"
+
+
+def _review(fork, pin: str, **kw) -> Review:
+    return review(Pin.parse(pin), fork.spec(), fork.project, **kw)
+
+
+def _status(result: Review) -> dict[str, str]:
+    return {p.name: p.status for p in result.patches}
+
+
+def _one(result: Review, name: str):
+    return next(p for p in result.patches if p.name == name)
+
+
+def _snapshot(project: Project) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in [project.series_file, *project.patches_dir.glob("*.patch")]}
+
+
+def test_the_series_is_authored_as_expected(review_fork) -> None:
+    names = [
+        line for line in review_fork.project.series_file.read_text().splitlines() if not line.startswith("#")
+    ]
+    assert names == [BACKPORT, PADDING, LOOKAHEAD, POOL]
+
+
+def test_same_pin_is_all_clean_and_ready(review_fork) -> None:
+    result = _review(review_fork, "2.0")
+    assert set(_status(result).values()) == {"clean"}
+    assert result.verdict == "ready" and result.exit_code == 0
+    assert [p.mark for p in result.patches] == ["="] * 4
+
+
+def test_context_drift_and_clean(review_fork) -> None:
+    result = _review(review_fork, "2.1")
+    assert _status(result) == {
+        BACKPORT: "context drift",
+        PADDING: "context drift",
+        LOOKAHEAD: "clean",
+        POOL: "clean",
+    }
+    drift = _one(result, BACKPORT)
+    assert drift.mark == "!" and "own lines identical" in drift.mark_note and not drift.own_interdiff
+    assert "docstring" not in drift.own_interdiff and drift.interdiff  # the context moved
+    assert result.exit_code == 0
+    assert result.next_commands[0].startswith("python build.py --pin 2.1 --review --write")
+
+
+def test_upstreamed_backport_suggests_the_trailer(review_fork) -> None:
+    result = _review(review_fork, "2.2")
+    backport = _one(result, BACKPORT)
+    assert backport.status == "upstreamed" and backport.mark == "<"
+    assert "already in vllm 2.2" in backport.reason
+    assert any("Applied-Upstream: 2.2" in n for n in backport.notes)
+    assert result.exit_code == 0  # the build drops it by itself; --write removes it from the series
+
+
+def test_dropped_by_trailer(review_fork) -> None:
+    patch = review_fork.project.patches_dir / BACKPORT
+    text = patch.read_text()
+    patch.write_text(
+        text.replace(
+            "Origin: backport, example/vllm#1", "Origin: backport, example/vllm#1\nApplied-Upstream: 2.1"
+        )
+    )
+    result = _review(review_fork, "2.1")
+    backport = _one(result, BACKPORT)
+    assert backport.status == "dropped" and backport.reason.startswith("Applied-Upstream: 2.1")
+    assert backport.mark == "<"
+    assert result.counts["dropped"] == 1 and result.exit_code == 0
+
+
+def test_conflict_gives_ours_theirs_base_and_the_rest_is_still_reviewed(review_fork) -> None:
+    result = _review(review_fork, "2.3")
+    assert _status(result)[BACKPORT] == "conflict"
+    [hunk] = _one(result, BACKPORT).conflicts
+    assert hunk.path == "vllm/core/gate.py" and hunk.line > 0
+    assert hunk.ours.strip() == "needed = 2 * prompt_tokens"
+    assert hunk.base.strip() == "needed = prompt_tokens"
+    assert hunk.theirs.strip() == "needed = prompt_tokens + 1"
+    assert _status(result)[PADDING] == "context drift"
+    assert any("carried without " + BACKPORT in n for n in _one(result, PADDING).notes)
+    assert result.verdict == "needs work" and result.exit_code == 1
+    assert "--review --write" in result.next_commands[0]
+    assert not (review_fork.project.work_dir / "conflict-v2.3").exists()  # only --write leaves a tree
+
+
+def test_merged_when_upstream_made_half_of_a_patch(review_fork) -> None:
+    result = _review(review_fork, "2.7")
+    merged = _one(result, LOOKAHEAD)
+    assert merged.status == "merged" and merged.mark == "!"
+    assert "own +/- lines changed" in merged.mark_note
+    assert "-+        self.lookahead = 1" in merged.own_interdiff  # no longer the patch's own line
+    assert "+        need = blocks_for(num_tokens, self.block_size) + self.lookahead" in merged.new_diff
+    assert result.exit_code == 0
+
+
+def test_body_changed_under_a_clean_patch(review_fork) -> None:
+    result = _review(review_fork, "2.4")
+    lookahead = _one(result, LOOKAHEAD)
+    assert lookahead.status == "clean"  # git is happy ...
+    [change] = [s for s in lookahead.symbols if s.qualname == "blocks_for"]
+    assert change.relation == "called by the patch" and change.change == "body changed"  # ... but look
+    assert "-(-num_tokens // block_size)" in change.diff("2.0", "2.4")
+    assert not change.flagged and result.exit_code == 0
+    assert "`blocks_for` (vllm/core/blocks.py), called by the patch: **body changed**" in markdown(result)
+
+
+def test_changed_signatures_of_called_and_overridden_functions_are_flagged(review_fork) -> None:
+    result = _review(review_fork, "2.5")
+    pool = _one(result, POOL)
+    assert pool.status == "clean"
+    by_name = {s.qualname: s for s in pool.symbols}
+    called, overridden = by_name["free_blocks"], by_name["Pool.take"]
+    assert called.relation == "called by the patch" and called.change == "signature changed"
+    assert called.flagged and not called.breaking and "compatible" in called.note
+    assert overridden.relation == "overridden by the patch" and overridden.flagged
+    assert "added `pinned`" in overridden.note
+    assert "(total: int, used: int, reserved: int=0) -> int" in called.new_signature
+    assert overridden.breaking and "the override must follow" in overridden.note
+    assert result.verdict == "needs work" and result.exit_code == 1
+    assert result.next_commands[0].startswith("# check the flagged")
+
+
+def test_a_renamed_keyword_the_patch_passes_is_breaking(review_fork) -> None:
+    result = _review(review_fork, "2.6")
+    [change] = [s for s in _one(result, POOL).symbols if s.qualname == "free_blocks"]
+    assert change.breaking and "`used=`: no longer a parameter" in change.note
+    assert result.exit_code == 1
+
+
+def test_range_diff_marks(review_fork) -> None:
+    marks = {
+        pin: {p.name: p.mark for p in _review(review_fork, pin).patches} for pin in ("2.1", "2.2", "2.7")
+    }
+    assert marks["2.1"] == {BACKPORT: "!", PADDING: "!", LOOKAHEAD: "=", POOL: "="}
+    assert marks["2.2"][BACKPORT] == "<"
+    assert marks["2.7"][LOOKAHEAD] == "!"
+
+
+def test_reports_markdown_and_self_contained_html(review_fork, tmp_path) -> None:
+    result = _review(review_fork, "2.3")
+    md, page = write_reports(result, tmp_path / "reports")
+    text = md.read_text()
+    assert text.startswith("## vLLM pin review: 2.0 → 2.3: **needs work**")
+    assert "| ❌ conflict | 1 |" in text and "ours (upstream 2.3)" in text
+    assert "### Old series against new (range-diff)" in text
+    body = page.read_text()
+    assert body == html_page(result)
+    assert "<script" not in body and "http://" not in body and "https://" not in body  # self-contained
+
+    class Check(html.parser.HTMLParser):
+        pass
+
+    Check().feed(body)
+    assert 'class="three"' in body  # ours / base / theirs side by side
+
+
+def test_cli_exit_codes_and_report_paths(review_fork, monkeypatch, tmp_path, capsys) -> None:
+    monkeypatch.setattr(Project, "default", classmethod(lambda cls: review_fork.project))
+    url = review_fork.index.url
+    assert (
+        cli.main(["--pin", "2.1", "--review", "--index-url", url, "--report-dir", str(tmp_path / "r")]) == 0
+    )
+    assert capsys.readouterr().out.strip() == str(tmp_path / "r" / "review.md")
+    assert cli.main(["--pin", "2.3", "--review", "--index-url", url]) == 1
+    assert (review_fork.project.work_dir / "review-v2.3" / "review.html").is_file()
+    assert cli.main(["--pin", "9.9", "--review", "--index-url", url]) == 2
+    assert "no sdist" in capsys.readouterr().err
+
+
+def test_write_refreshes_the_series_for_the_new_pin_deterministically(review_fork, tmp_path) -> None:
+    result = _review(review_fork, "2.2", write=True)
+    assert result.wrote and f"patches/{BACKPORT} (removed)" in result.written
+    assert "series" in result.written
+    series = review_fork.project.series_file.read_text()
+    assert "# Exported-Against: vllm 2.2" in series and BACKPORT not in series
+    after = _snapshot(review_fork.project)
+    # The refreshed series is clean on its pin, and --write again changes no byte.
+    again = _review(review_fork, "2.2", write=True)
+    assert set(_status(again).values()) == {"clean"} and again.written == ()
+    assert _snapshot(review_fork.project) == after
+    # ... and it is what checkout + export at 2.2 gives.
+    tree = checkout(Pin.parse("2.2"), review_fork.spec(), review_fork.project, tmp_path / "co")
+    assert export(tree, review_fork.project) == []
+    assert result.next_commands[0] == "git diff series patches/"
+
+
+def test_write_on_conflict_leaves_a_work_tree_and_keeps_the_series(review_fork) -> None:
+    before = _snapshot(review_fork.project)
+    result = _review(review_fork, "2.3", write=True)
+    tree = review_fork.project.work_dir / "conflict-v2.3"
+    assert result.conflict_tree == tree and not result.wrote
+    assert "<<<<<<<" in (tree / "vllm/core/gate.py").read_text()
+    assert "git cherry-pick --continue" in result.instructions
+    assert result.next_commands[1] == f"python build.py export --dir {tree}"
+    assert _snapshot(review_fork.project) == before
+    assert result.exit_code == 1
+
+
+def test_tripwire_detects_a_backport_the_pin_contains(review_fork) -> None:
+    # The real series has the same test at its own pin (tests/e2e/test_review_real.py); the
+    # build's automatic drop is test_build.py::test_backport_already_upstream_is_dropped_and_said.
+    assert contained_backports(Pin.parse("2.0"), review_fork.spec(), review_fork.project) == []
+    [(name, reason)] = contained_backports(Pin.parse("2.2"), review_fork.spec(), review_fork.project)
+    assert name == BACKPORT and "Applied-Upstream: 2.2" in reason
