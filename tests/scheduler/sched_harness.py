@@ -88,9 +88,13 @@ def make_request(
     max_tokens: int,
     priority: int = 0,
     arrival_time: float | None = None,
+    hash_block_size: int = BLOCK_SIZE,
 ) -> Request:
     """A request as `tests.v1.core.utils.create_requests` makes one, with the
-    prompt, length and priority chosen per request."""
+    prompt, length and priority chosen per request. `hash_block_size` is the
+    prefix-hash granularity, as the engine core hashes requests: the
+    scheduler's `hash_block_size` (the sub-block size when sub-block caching
+    is on)."""
     from tests.v1.core.utils import EOS_TOKEN_ID, create_requests
     from vllm.sampling_params import SamplingParams
     from vllm.utils.hashing import sha256
@@ -109,7 +113,7 @@ def make_request(
         prompt_token_ids=list(prompt_token_ids),
         sampling_params=sampling_params,
         pooling_params=None,
-        block_hasher=get_request_block_hasher(BLOCK_SIZE, sha256),
+        block_hasher=get_request_block_hasher(hash_block_size, sha256),
         priority=priority,
         **kwargs,
     )
@@ -129,6 +133,13 @@ class StepRecord:
     decode_req_ids: list[str]
     preempted_req_ids: set[str]
     num_free_blocks_after: int
+    # Copy-on-write copies (source block id, destination block id) the step
+    # hands the worker: a sub-block hit's shared tail block copied to a
+    # private block before the request writes into it.
+    block_copies: list[tuple[int, int]] = field(default_factory=list)
+    # Tokens each scheduled request had computed when the step started (for
+    # a request's first step: its prefix-cache and connector hit).
+    num_computed_before: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -230,12 +241,14 @@ class Driver:
         scheduler = self.scheduler
         prefill: list[str] = []
         decode: list[str] = []
+        computed_before: dict[str, int] = {}
         for req_id, num_tokens in output.num_scheduled_tokens.items():
             request = scheduler.requests[req_id]
             # After schedule() the computed count includes this step. A
             # request is decoding when it starts this step with its whole
             # sequence computed but the last sampled token.
             start = request.num_computed_tokens - num_tokens
+            computed_before[req_id] = start
             if start >= request.num_tokens - 1 and request.num_output_tokens > 0:
                 decode.append(req_id)
             else:
@@ -246,6 +259,10 @@ class Driver:
             decode_req_ids=decode,
             preempted_req_ids=set(output.preempted_req_ids),
             num_free_blocks_after=scheduler.kv_cache_manager.block_pool.get_num_free_blocks(),
+            block_copies=[
+                (copy.src_block_id, copy.dst_block_id) for copy in output.kv_cache_block_copies or ()
+            ],
+            num_computed_before=computed_before,
         )
 
 
@@ -270,10 +287,14 @@ class LivelockCase:
     """One case of the regression matrix of the admission livelock."""
 
     prompt_len: int
-    # Sub-block prefix caching: None = off. Sizes 4 and 8 arrive with the
-    # sub-block patches (issue 7); the matrix is written for them.
+    # Sub-block prefix caching: None = off (no prefix caching at all), else
+    # the sub-block size (prefix caching on, hits on sub-block boundaries).
     sub_block_size: int | None
     kv_connector: bool
+
+    @property
+    def hash_block_size(self) -> int:
+        return BLOCK_SIZE if self.sub_block_size is None else self.sub_block_size
 
     @property
     def id(self) -> str:
@@ -283,8 +304,8 @@ class LivelockCase:
 
 
 PROMPT_LENS = (32, 26)
-# Only "off" exists before the sub-block patches; add 4 and 8 here then.
-SUB_BLOCK_SIZES: tuple[int | None, ...] = (None,)
+# Sub-block prefix caching off, and on at sub-block sizes 4 and 8.
+SUB_BLOCK_SIZES: tuple[int | None, ...] = (None, 4, 8)
 LIVELOCK_CASES = tuple(
     LivelockCase(prompt_len, sub_block_size, kv_connector)
     for prompt_len in PROMPT_LENS
@@ -312,13 +333,32 @@ PROMPT_MAX_TOKENS = 4
 LIVELOCK_MAX_STEPS = 120
 
 
+def sub_block_settings(sub_block_size: int | None, enabled: bool = True) -> dict[str, Any]:
+    """The RBLN scheduler's sub-block settings (`VllmConfig.additional_config`)."""
+    return {"enable_sub_block_cache": enabled, "sub_block_size": sub_block_size}
+
+
+def rbln_scheduler_factory(additional_config: dict[str, Any] | None = None) -> Callable[..., Scheduler]:
+    """`scheduler_cls` for `create_scheduler`: the RBLN scheduler, built on the
+    harness's `VllmConfig` with `additional_config` set (the harness has no
+    parameter for the platform's settings)."""
+    cls = _rbln_scheduler_cls()
+
+    def make(*, vllm_config: Any, **kwargs: Any) -> Scheduler:
+        if additional_config is not None:
+            vllm_config.additional_config = dict(additional_config)
+        return cls(vllm_config=vllm_config, **kwargs)
+
+    return make
+
+
 def make_livelock_scheduler(case: LivelockCase) -> Scheduler:
     from tests.v1.core.utils import create_scheduler, mock_kv
 
-    if case.sub_block_size is not None:
-        raise NotImplementedError("sub-block prefix caching arrives with issue 7")
     return create_scheduler(
-        scheduler_cls=_rbln_scheduler_cls(),
+        scheduler_cls=rbln_scheduler_factory(
+            None if case.sub_block_size is None else sub_block_settings(case.sub_block_size)
+        ),  # type: ignore[arg-type]
         block_size=BLOCK_SIZE,
         num_blocks=LIVELOCK_NUM_BLOCKS,
         # Prefill chunks of 16 tokens: both prompts take two chunks.
@@ -327,7 +367,7 @@ def make_livelock_scheduler(case: LivelockCase) -> Scheduler:
         num_speculative_tokens=NUM_SPEC_TOKENS,
         speculative_method="ngram",
         # Sub-block caching "off": no prefix caching at all, so no cache hit
-        # can let a later admission attempt succeed by luck.
+        # can let a later admission attempt succeed (or fail) by luck.
         enable_prefix_caching=case.sub_block_size is not None,
         # A connector that finds nothing: the admission runs the connector's
         # code path with the same block numbers.
@@ -366,6 +406,7 @@ def run_livelock_case(case: LivelockCase) -> LivelockOutcome:
                 f"decode-{i}",
                 distinct_prompt(i, DECODE_PROMPT_LEN),
                 max_tokens=DECODE_MAX_TOKENS,
+                hash_block_size=case.hash_block_size,
             )
         )
     # Prefill both decodes (two chunks each, one prefill per step) and run
@@ -381,6 +422,7 @@ def run_livelock_case(case: LivelockCase) -> LivelockOutcome:
         "prompt",
         distinct_prompt(100 + case.prompt_len, case.prompt_len),
         max_tokens=PROMPT_MAX_TOKENS,
+        hash_block_size=case.hash_block_size,
     )
     driver.add(prompt)
     steps = driver.run(LIVELOCK_MAX_STEPS)

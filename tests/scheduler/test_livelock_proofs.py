@@ -7,6 +7,11 @@ lookahead but not the first decode step. Every tree is imported in its own
 subprocess with PYTHONPATH set to it, running sched_harness.py's "matrix"
 command. The same command against the patched tree is the control: there
 every case must pass, so a failure in a variant is the variant's doing.
+
+"no-backport-no-retry" also reverts the retry of a failed admission without
+its sub-block match: it shows why that retry must come after the backport
+(without the backport, the retry turns the sub-block cases' accidental escape
+into the same repeated self-preemption as with sub-block caching off).
 """
 
 from __future__ import annotations
@@ -24,6 +29,9 @@ import sched_harness as h
 HARNESS = Path(h.__file__).resolve()
 CASE_IDS = [case.id for case in h.LIVELOCK_CASES]
 PROMPT26_IDS = [case.id for case in h.LIVELOCK_CASES if case.prompt_len == 26]
+PROMPT26_SUB_BLOCK_IDS = [
+    case.id for case in h.LIVELOCK_CASES if case.prompt_len == 26 and case.sub_block_size is not None
+]
 
 
 def variant_tree(name: str) -> Path:
@@ -92,3 +100,20 @@ def test_counting_only_the_lookahead_fails_exactly_the_26_token_cases() -> None:
     assert sorted(failing_cases(outcomes)) == sorted(PROMPT26_IDS)
     for case_id in PROMPT26_IDS:
         assert outcomes[case_id]["preemptions"] > 0
+
+
+def test_the_sub_block_retry_removes_the_escape_without_the_backport() -> None:
+    """Without the backport and without the retry, a 26-token prompt with a
+    sub-block match is preempted once and then waits: its readmission hits its
+    own sub-block tail, which costs the gate a copy-on-write block and the
+    cached tail block, so the gate refuses it and the decodes run (it finishes
+    by luck). With the retry (the "no-backport" tree) the admission is tried
+    again without the sub-block match, passes, and the prompt preempts itself
+    again and again, exactly as with sub-block caching off."""
+    no_retry = run_matrix_in(variant_tree("no-backport-no-retry"))
+    with_retry = run_matrix_in(variant_tree("no-backport"))
+    assert sorted(failing_cases(no_retry)) == sorted(CASE_IDS)
+    for case_id in PROMPT26_SUB_BLOCK_IDS:
+        off_id = case_id.replace("subblock-4", "subblock-off").replace("subblock-8", "subblock-off")
+        assert no_retry[case_id]["preemptions"] == 1, case_id
+        assert with_retry[case_id]["preemptions"] == with_retry[off_id]["preemptions"] > 1, case_id

@@ -1,0 +1,300 @@
+"""Sub-block prefix caching in the RBLN scheduler (docs/sub-block-cache.md).
+
+The real patched scheduler and KV cache manager, driven through vLLM's own
+harness. A request A runs first; a request B sharing a prefix with it then
+hits A's cached blocks. With sub-block caching the hit may end on a
+sub-block boundary inside a block (upstream's fine-grained hash hits); that
+tail block is copied to a private block before B writes to it
+(copy-on-write), never shared for writing, and every block is free at the end.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import sched_harness as h
+
+BLOCK = h.BLOCK_SIZE  # 16
+# Large enough that a prompt prefills in one step.
+CHUNK = 64
+
+
+def make_scheduler(
+    settings: dict[str, Any] | None,
+    *,
+    num_blocks: int = 20,
+    prefix_caching: bool = True,
+    chunk: int = CHUNK,
+    kv_connector: Any = None,
+    num_spec_tokens: int | None = None,
+) -> Any:
+    from tests.v1.core.utils import create_scheduler
+
+    return create_scheduler(
+        scheduler_cls=h.rbln_scheduler_factory(settings),  # type: ignore[arg-type]
+        block_size=BLOCK,
+        num_blocks=num_blocks,
+        max_num_batched_tokens=chunk,
+        max_num_seqs=4,
+        max_model_len=256,
+        enable_prefix_caching=prefix_caching,
+        use_kv_connector=kv_connector,
+        num_speculative_tokens=num_spec_tokens,
+        speculative_method="ngram" if num_spec_tokens else None,
+    )
+
+
+def prompt(length: int, seed: int = 1) -> list[int]:
+    return h.distinct_prompt(seed, length)
+
+
+def run_shared_prefix(
+    sub_block_size: int | None,
+    first_len: int,
+    shared_len: int,
+    second_len: int,
+    *,
+    a_running: bool = False,
+) -> tuple[Any, h.Driver, h.StepRecord, int]:
+    """A runs (to the end, or just its prefill if `a_running`); then B, whose
+    prompt shares A's first `shared_len` tokens, is admitted. Returns the
+    scheduler, driver, B's admission step and B's hit (tokens not scheduled)."""
+    settings = None if sub_block_size is None else h.sub_block_settings(sub_block_size)
+    hash_size = BLOCK if sub_block_size is None else sub_block_size
+    scheduler = make_scheduler(settings)
+    driver = h.Driver(scheduler)
+    a_prompt = prompt(first_len, seed=1)
+    driver.add(h.make_request("A", a_prompt, max_tokens=1 if not a_running else 8, hash_block_size=hash_size))
+    if a_running:
+        driver.step()  # A's prefill; A keeps running (decoding)
+        assert "A" not in driver.finished
+    else:
+        driver.run(10, until=["A"])
+        assert "A" in driver.finished
+    b_prompt = a_prompt[:shared_len] + prompt(second_len - shared_len, seed=2)
+    driver.add(h.make_request("B", b_prompt, max_tokens=2, hash_block_size=hash_size))
+    record = driver.step()
+    assert "B" in record.prefill_req_ids
+    hit = second_len - record.num_scheduled_tokens["B"]
+    return scheduler, driver, record, hit
+
+
+@pytest.mark.parametrize(
+    ("sub_block_size", "first_len", "shared_len", "second_len", "expected_hit", "copied"),
+    [
+        # No shared prefix: no hit.
+        (4, 26, 0, 30, 0, False),
+        # One sub-block past a whole block: A's prompt (20 tokens) ends at
+        # sub-block boundary 20.
+        (4, 20, 20, 30, 20, True),
+        # Several sub-blocks inside the first block, no whole block.
+        (4, 12, 12, 30, 12, True),
+        # A whole block and several sub-blocks: A's prompt of 26 tokens ends
+        # at sub-block boundary 24 (size 4) or 24 (size 8).
+        (4, 26, 26, 40, 24, True),
+        (8, 26, 26, 40, 24, True),
+        # Sub-block 8 rounds A's 20-token prompt down to 16: a whole block.
+        (8, 20, 20, 30, 16, False),
+        # Whole blocks only: a block-aligned shared prefix.
+        (4, 32, 32, 40, 32, False),
+        # Whole-block caching (sub-block off) hits 16 of the same 26.
+        (None, 26, 26, 40, 16, False),
+    ],
+)
+def test_sub_block_hits(
+    sub_block_size: int | None,
+    first_len: int,
+    shared_len: int,
+    second_len: int,
+    expected_hit: int,
+    copied: bool,
+) -> None:
+    scheduler, driver, record, hit = run_shared_prefix(sub_block_size, first_len, shared_len, second_len)
+    assert hit == expected_hit
+    manager = scheduler.kv_cache_manager
+    b_blocks = manager.get_blocks("B").blocks[0]
+    if copied:
+        # The partial tail block: copied to B's private block, which is B's
+        # block in the table; the source is A's cached block.
+        tail_idx = expected_hit // BLOCK
+        assert len(record.block_copies) == 1
+        src, dst = record.block_copies[0]
+        assert b_blocks[tail_idx].block_id == dst != src
+        assert manager.block_pool.blocks[src].block_hash is not None
+    else:
+        assert record.block_copies == []
+    driver.run(20)
+    assert driver.finished == {"A", "B"}
+    h.assert_all_blocks_free(scheduler)
+
+
+def test_tail_block_is_never_shared_for_writing_with_a_running_request() -> None:
+    """A is still running (decoding into its tail block) when B hits a
+    sub-block of that tail: B gets a copy, the full blocks are shared."""
+    scheduler, driver, record, hit = run_shared_prefix(4, 26, 26, 40, a_running=True)
+    assert hit == 24
+    manager = scheduler.kv_cache_manager
+    a_blocks = manager.get_blocks("A").blocks[0]
+    b_blocks = manager.get_blocks("B").blocks[0]
+    # The whole block is shared (read-only prefix); the tail is not.
+    assert b_blocks[0] is a_blocks[0] and a_blocks[0].ref_cnt == 2
+    assert b_blocks[1] is not a_blocks[1]
+    assert record.block_copies == [(a_blocks[1].block_id, b_blocks[1].block_id)]
+    assert a_blocks[1].ref_cnt >= 1
+    # No block of B beyond the shared prefix is in any other request's table.
+    assert not {b.block_id for b in b_blocks[1:]} & {a.block_id for a in a_blocks}
+    driver.run(30)
+    assert driver.finished == {"A", "B"}
+    h.assert_all_blocks_free(scheduler)
+
+
+def test_gate_counts_the_copy_on_write_block() -> None:
+    """B's sub-block hit (24 tokens) needs its whole block (shared, held by A),
+    a copy-on-write block for the tail, and blocks for the rest: the gate
+    refuses B with one block fewer than that and admits it with exactly that.
+    The same prompt cut back to whole blocks needs the same count (the CoW
+    block replaces the tail block it copies)."""
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+
+    scheduler = make_scheduler(h.sub_block_settings(4), num_blocks=8)
+    driver = h.Driver(scheduler)
+    a_prompt = prompt(26, seed=1)
+    driver.add(h.make_request("A", a_prompt, max_tokens=30, hash_block_size=4))
+    driver.step()
+    manager = scheduler.kv_cache_manager
+    b = h.make_request("B", a_prompt + prompt(14, seed=2), max_tokens=2, hash_block_size=4)
+    blocks, num_hit, _ = manager.get_computed_blocks(b)
+    assert num_hit == 24 and len(blocks.blocks[0]) == 2
+    # 40 tokens + 1 decode token = 41 slots = 3 blocks: 1 shared + CoW + 1 new.
+    free = manager.block_pool.get_num_free_blocks()
+
+    def gate(num_hit: int, hit_blocks: KVCacheBlocks) -> int:
+        return manager.coordinator.get_num_blocks_to_allocate(
+            request_id="B",
+            num_tokens=41,
+            new_computed_blocks=hit_blocks.blocks,
+            num_encoder_tokens=0,
+            total_computed_tokens=num_hit,
+            num_local_computed_tokens=num_hit,
+            num_tokens_main_model=41,
+            apply_admission_cap=True,
+        )
+
+    assert gate(num_hit, blocks) == 2  # the CoW block and one new block
+    whole = manager.truncate_computed_blocks(blocks, 16)
+    assert gate(16, whole) == 2  # two new blocks
+    assert free >= 2
+
+
+def test_sub_block_size_none_takes_the_prefill_chunk() -> None:
+    scheduler = make_scheduler({"enable_sub_block_cache": True, "sub_block_size": None}, chunk=8)
+    assert scheduler.sub_block_cache.enabled
+    assert scheduler.sub_block_cache.sub_block_size == 8
+    assert scheduler.hash_block_size == 8
+    assert scheduler.kv_cache_manager.coordinator.enable_partial_hash_hits
+
+
+def test_sub_block_cache_off_is_upstream_whole_block_caching() -> None:
+    scheduler = make_scheduler({"enable_sub_block_cache": False, "sub_block_size": 4})
+    assert not scheduler.sub_block_cache.enabled
+    assert scheduler.hash_block_size == BLOCK
+    assert not scheduler.kv_cache_manager.coordinator.enable_partial_hash_hits
+    # Upstream's own scheduler with the same harness: whole-block hashing.
+    from tests.v1.core.utils import create_scheduler
+
+    upstream = create_scheduler(block_size=BLOCK, enable_prefix_caching=True)
+    assert upstream.hash_block_size == BLOCK
+    assert not upstream.kv_cache_manager.coordinator.enable_partial_hash_hits
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"enable_sub_block_cache": True, "sub_block_size": 6}, "does not divide the KV block size (16)"),
+        ({"enable_sub_block_cache": True, "sub_block_size": 32}, "exceeds the KV block size (16)"),
+        ({"enable_sub_block_cache": True, "sub_block_size": 0}, "not a positive number"),
+        (
+            {"enable_sub_block_cache": True},
+            "takes the prefill chunk size (max_num_batched_tokens=64), exceeds",
+        ),
+    ],
+)
+def test_bad_sub_block_sizes_are_refused(settings: dict[str, Any], message: str) -> None:
+    from vllm.v1.core.sched.rbln_sub_block import SubBlockCacheConfigError
+
+    with pytest.raises(SubBlockCacheConfigError) as error:
+        make_scheduler(settings)
+    assert message in str(error.value)
+
+
+def test_sub_block_cache_needs_prefix_caching() -> None:
+    from vllm.v1.core.sched.rbln_sub_block import SubBlockCacheConfigError
+
+    with pytest.raises(SubBlockCacheConfigError, match="needs prefix caching"):
+        make_scheduler(h.sub_block_settings(4), prefix_caching=False)
+
+
+# --- With a KV connector: a local sub-block tail and a remote hit.
+
+
+@pytest.mark.parametrize(
+    ("remote", "local", "external"),
+    [
+        # The connector's hit, in tokens past the block-aligned local hit (16)
+        # it is shown. 16 more (to 32) is strictly longer than the local
+        # sub-block tail (8 tokens, to 24): the tail is dropped, the load
+        # covers it, nothing is copied.
+        (16, 16, 16),
+        # 8 more (to 24) is no longer than the tail: the local sub-block hit
+        # is kept (with its copy-on-write tail) and nothing is loaded.
+        (8, 24, 0),
+    ],
+)
+def test_connector_with_a_local_sub_block_tail(remote: int, local: int, external: int) -> None:
+    from tests.v1.core.utils import mock_kv
+
+    scheduler = make_scheduler(h.sub_block_settings(4), kv_connector=mock_kv(remote, False))
+    driver = h.Driver(scheduler)
+    a_prompt = prompt(26, seed=1)
+    driver.add(h.make_request("A", a_prompt, max_tokens=1, hash_block_size=4))
+    driver.run(10, until=["A"])
+    b_prompt = a_prompt + prompt(14, seed=2)
+    driver.add(h.make_request("B", b_prompt, max_tokens=2, hash_block_size=4))
+    record = driver.step()
+    assert record.num_scheduled_tokens["B"] == 40 - local - external
+    b_blocks = scheduler.kv_cache_manager.get_blocks("B").blocks[0]
+    assert b_blocks[0].block_hash is not None  # the whole block: a local hit
+    if external:
+        assert record.block_copies == []
+    else:
+        assert [dst for _, dst in record.block_copies] == [b_blocks[1].block_id]
+    driver.run(20)
+    assert "B" in driver.finished
+    h.assert_all_blocks_free(scheduler)
+
+
+# --- The retry without the sub-block match.
+
+
+def test_admission_retries_once_without_the_sub_block_match() -> None:
+    """B's 24-token sub-block hit on A's finished (free but cached) blocks
+    costs the gate both cached blocks (they leave the free queue) and a
+    copy-on-write block; cut back to the whole block it costs one block less.
+    With exactly that many free blocks, B is admitted in the same step with
+    the whole-block hit instead of waiting."""
+    scheduler = make_scheduler(h.sub_block_settings(4), num_blocks=4)  # 3 usable
+    driver = h.Driver(scheduler)
+    a_prompt = prompt(26, seed=1)
+    driver.add(h.make_request("A", a_prompt, max_tokens=1, hash_block_size=4))
+    driver.run(10, until=["A"])
+    h.assert_all_blocks_free(scheduler)
+    # 40 tokens + 1 decode token: 3 blocks. Sub-block hit: 2 cached blocks
+    # touched + CoW + 1 new = 4 > 3. Whole-block hit: 1 cached + 2 new = 3.
+    driver.add(h.make_request("B", a_prompt + prompt(14, seed=2), max_tokens=2, hash_block_size=4))
+    record = driver.step()
+    assert record.num_scheduled_tokens == {"B": 40 - 16}
+    assert record.block_copies == []
+    driver.run(20)
+    assert "B" in driver.finished
+    h.assert_all_blocks_free(scheduler)
