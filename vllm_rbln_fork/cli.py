@@ -243,10 +243,10 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
-if __name__ == "__main__":
+def console_main() -> None:
+    """The ``vllm-rbln-fork`` console script (same as ``python build.py``)."""
     sys.exit(main(sys.argv[1:]))
 
 
-def console_main() -> None:
-    """The ``vllm-rbln-fork`` console script (same as ``python build.py``)."""
+if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

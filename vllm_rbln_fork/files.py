@@ -22,6 +22,7 @@ def write_atomic(path: Path, data: str | bytes) -> None:
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data.encode() if isinstance(data, str) else data)
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; these files are meant to be read by others
         os.replace(tmp, path)
     except BaseException:
         os.unlink(tmp)

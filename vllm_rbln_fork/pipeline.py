@@ -7,7 +7,6 @@ reaches dist/, and builds on one machine are serialised by a lock.
 from __future__ import annotations
 
 import hashlib
-import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -19,7 +18,7 @@ import filelock
 
 from . import __version__, log
 from .apply import AppliedSeries, carry_series, checkout_into, commit_series_on, materialize
-from .files import sha256_of
+from .files import sha256_of, write_atomic
 from .gitrepo import Repo
 from .manifest import BuildManifest, PatchRecord
 from .paths import PROJECT_ROOT, cache_root, locks_dir, upstream_repo_dir, wheel_cache_dir
@@ -251,8 +250,5 @@ def _install_into_dist(entry: Path, project: Project, *, cached: bool) -> BuildR
     wheel = dist / manifest.wheel_file
     manifest_file = dist / (manifest.wheel_file.removesuffix(".whl") + ".manifest.json")
     for src, dest in ((entry / manifest.wheel_file, wheel), (entry / "manifest.json", manifest_file)):
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{dest.name}.", dir=dist)
-        os.close(fd)
-        shutil.copyfile(src, tmp_name)
-        os.replace(tmp_name, dest)
+        write_atomic(dest, src.read_bytes())
     return BuildResult(wheel, manifest_file, manifest, cached)
