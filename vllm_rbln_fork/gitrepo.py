@@ -24,6 +24,9 @@ CONFIG = {
     "diff.mnemonicPrefix": "false",
     "merge.conflictStyle": "diff3",
     "gc.auto": "0",
+    # Importing a pin writes ~7,400 loose blobs; zlib is half the time of `git add`.
+    # The cache trades disk (about 130 MB a pin) for a faster cold build.
+    "core.looseCompression": "0",
 }
 # Blobs are stored exactly as the sdist has them: no eol conversion or filters from
 # the sdist's own .gitattributes.
