@@ -1,8 +1,7 @@
-"""Fixtures of the e2e tier: the index test kit (``indexkit.py``) and the servers it starts."""
+"""Fixtures of the e2e tier: the index test kit (``tests/support/indexkit.py``) and the servers it starts."""
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -11,22 +10,14 @@ import pytest
 
 from vllm_rbln_fork import log
 
-
-def _load_indexkit() -> ModuleType:
-    # The suite has no packages (--import-mode=importlib): load the kit by path, once.
-    if "indexkit" in sys.modules:
-        return sys.modules["indexkit"]
-    spec = importlib.util.spec_from_file_location("indexkit", Path(__file__).with_name("indexkit.py"))
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["indexkit"] = module
-    spec.loader.exec_module(module)
-    return module
+# The suite has no packages (--import-mode=importlib): shared test kits live in tests/support.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
+import indexkit
 
 
 @pytest.fixture(scope="session")
 def kit() -> ModuleType:
-    return _load_indexkit()
+    return indexkit
 
 
 @pytest.fixture

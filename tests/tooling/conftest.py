@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import http.server
 import io
+import sys
 import tarfile
 import threading
 from collections.abc import Callable, Iterator
@@ -21,6 +22,9 @@ from pathlib import Path
 import pytest
 
 from vllm_rbln_fork import log
+
+# The suite has no packages (--import-mode=importlib): shared test kits live in tests/support.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
 from vllm_rbln_fork.gitrepo import Repo
 from vllm_rbln_fork.pins import Pin
 from vllm_rbln_fork.project import Project

@@ -7,7 +7,6 @@ Synthetic wheels named like ours (``vllm-0.31.0+rbln.1-py3-none-any.whl``); no s
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import re
 import subprocess
@@ -15,6 +14,7 @@ import sys
 import zipfile
 from pathlib import Path
 
+import indexkit as kit  # tests/support, put on sys.path by tests/tooling/conftest.py
 import pytest
 from pypi_simple import IndexPage, ProjectPage
 
@@ -22,20 +22,6 @@ from vllm_rbln_fork import log
 from vllm_rbln_fork.errors import ForkError, IndexConflict, WheelError
 from vllm_rbln_fork.publish import publish, read_wheel, regenerate, yank
 
-
-def _load_indexkit():  # the suite has no packages; the kit lives with the e2e tests
-    if "indexkit" in sys.modules:
-        return sys.modules["indexkit"]
-    path = Path(__file__).resolve().parents[1] / "e2e" / "indexkit.py"
-    spec = importlib.util.spec_from_file_location("indexkit", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["indexkit"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-kit = _load_indexkit()
 WHEEL = "vllm-0.31.0+rbln.1-py3-none-any.whl"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

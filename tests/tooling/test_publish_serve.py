@@ -6,28 +6,13 @@ so an install that came from anywhere else fails.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
+import indexkit as kit  # tests/support, put on sys.path by tests/tooling/conftest.py
 import pytest
 
 from vllm_rbln_fork.publish import publish, yank
 
-
-def _load_indexkit():  # the suite has no packages; the kit lives with the e2e tests
-    if "indexkit" in sys.modules:
-        return sys.modules["indexkit"]
-    path = Path(__file__).resolve().parents[1] / "e2e" / "indexkit.py"
-    spec = importlib.util.spec_from_file_location("indexkit", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["indexkit"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-kit = _load_indexkit()
 WHEEL = "vllm-0.31.0+rbln.1-py3-none-any.whl"
 WHEEL_PATH = "/files/vllm-0.31.0%2Brbln.1-py3-none-any.whl"
 
