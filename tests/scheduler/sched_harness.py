@@ -158,6 +158,9 @@ class Driver:
     steps: list[StepRecord] = field(default_factory=list)
     preemptions: dict[str, int] = field(default_factory=dict)
     finished: set[str] = field(default_factory=set)
+    # vllm:num_preemptions as the engine reports it: the scheduler's count
+    # (SchedulerStats.num_preempted_reqs), summed over steps.
+    reported_preemptions: int = 0
     _loading: dict[str, int] = field(default_factory=dict)
 
     def add(self, request: Request) -> None:
@@ -209,6 +212,8 @@ class Driver:
         )
         engine_outputs = scheduler.update_from_output(output, model_output)
         for outputs in engine_outputs.values():
+            if outputs.scheduler_stats is not None:
+                self.reported_preemptions += getattr(outputs.scheduler_stats, "num_preempted_reqs", 0)
             for request_output in outputs.outputs:
                 if request_output.finish_reason is not None:
                     self.finished.add(request_output.request_id)
@@ -352,10 +357,10 @@ def rbln_scheduler_factory(additional_config: dict[str, Any] | None = None) -> C
     return make
 
 
-def make_livelock_scheduler(case: LivelockCase) -> Scheduler:
+def make_livelock_scheduler(case: LivelockCase, progress_guarantee: bool = True) -> Scheduler:
     from tests.v1.core.utils import create_scheduler, mock_kv
 
-    return create_scheduler(
+    scheduler = create_scheduler(
         scheduler_cls=rbln_scheduler_factory(
             None if case.sub_block_size is None else sub_block_settings(case.sub_block_size)
         ),  # type: ignore[arg-type]
@@ -373,6 +378,15 @@ def make_livelock_scheduler(case: LivelockCase) -> Scheduler:
         # code path with the same block numbers.
         use_kv_connector=mock_kv(0, False) if case.kv_connector else None,
     )
+    set_progress_guarantee(scheduler, progress_guarantee)
+    return scheduler
+
+
+def set_progress_guarantee(scheduler: Scheduler, enabled: bool) -> None:
+    """Turn the RBLN scheduler's progress guarantee (a lone prefill that
+    cannot get blocks preempts a decode, not itself) on or off."""
+    assert hasattr(scheduler, "preempt_decode_for_prefill"), "this tree has no progress guarantee"
+    scheduler.preempt_decode_for_prefill = enabled  # type: ignore[attr-defined]
 
 
 def _rbln_scheduler_cls() -> type[Scheduler]:
@@ -390,14 +404,16 @@ class LivelockOutcome:
     # Free blocks when the new prompt's admission was first attempted.
     free_blocks_at_admission: int
     steps: int
+    # Preemptions of the two decodes (the progress guarantee's victims).
+    decode_preemptions: int = 0
 
     @property
     def passed(self) -> bool:
         return self.finished and self.preemptions == 0 and self.all_blocks_free
 
 
-def run_livelock_case(case: LivelockCase) -> LivelockOutcome:
-    scheduler = make_livelock_scheduler(case)
+def run_livelock_case(case: LivelockCase, progress_guarantee: bool = True) -> LivelockOutcome:
+    scheduler = make_livelock_scheduler(case, progress_guarantee)
     assert num_usable_blocks(scheduler) == 6
     driver = Driver(scheduler)
     for i in (1, 2):
@@ -439,15 +455,18 @@ def run_livelock_case(case: LivelockCase) -> LivelockOutcome:
         all_blocks_free=all_free,
         free_blocks_at_admission=free_at_admission,
         steps=steps,
+        decode_preemptions=sum(n for r, n in driver.preemptions.items() if r.startswith("decode-")),
     )
 
 
 def _main(argv: list[str]) -> int:
+    guarantee = "--no-progress-guarantee" not in argv
+    argv = [arg for arg in argv if arg != "--no-progress-guarantee"]
     if len(argv) != 3 or argv[1] != "matrix":
-        print(f"usage: {argv[0]} matrix <vllm-source-tree>", file=sys.stderr)
+        print(f"usage: {argv[0]} matrix <vllm-source-tree> [--no-progress-guarantee]", file=sys.stderr)
         return 2
     load_vllm_test_harness(argv[2])
-    outcomes = [run_livelock_case(case).__dict__ for case in LIVELOCK_CASES]
+    outcomes = [run_livelock_case(case, guarantee).__dict__ for case in LIVELOCK_CASES]
     import vllm
 
     print(json.dumps({"vllm": vllm.__file__, "outcomes": outcomes}))

@@ -49,12 +49,17 @@ def variant_tree(name: str) -> Path:
     return Path(trees[name])
 
 
-def run_matrix_in(tree: Path) -> dict[str, dict[str, Any]]:
-    """The matrix's outcomes with vLLM and its test harness imported from `tree`."""
+def run_matrix_in(tree: Path, progress_guarantee: bool = False) -> dict[str, dict[str, Any]]:
+    """The matrix's outcomes with vLLM and its test harness imported from `tree`.
+
+    The variants run without the progress guarantee by default: the proofs
+    are about the gate's arithmetic, and the guarantee rescues the cases
+    whose prefill chunk fails (`test_the_progress_guarantee_...`)."""
+    extra = [] if progress_guarantee else ["--no-progress-guarantee"]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(tree), *filter(None, [env.get("PYTHONPATH")])])
     result = subprocess.run(
-        [sys.executable, str(HARNESS), "matrix", str(tree)],
+        [sys.executable, str(HARNESS), "matrix", str(tree), *extra],
         env=env,
         capture_output=True,
         text=True,
@@ -77,9 +82,10 @@ def failing_cases(outcomes: dict[str, dict[str, Any]]) -> list[str]:
 
 
 def test_control_patched_tree_passes_every_case(source_tree: Path) -> None:
-    outcomes = run_matrix_in(source_tree)
-    assert sorted(outcomes) == sorted(CASE_IDS)
-    assert failing_cases(outcomes) == []
+    for progress_guarantee in (True, False):
+        outcomes = run_matrix_in(source_tree, progress_guarantee)
+        assert sorted(outcomes) == sorted(CASE_IDS)
+        assert failing_cases(outcomes) == []
 
 
 def test_without_the_backport_every_case_fails() -> None:
@@ -117,3 +123,30 @@ def test_the_sub_block_retry_removes_the_escape_without_the_backport() -> None:
         off_id = case_id.replace("subblock-4", "subblock-off").replace("subblock-8", "subblock-off")
         assert no_retry[case_id]["preemptions"] == 1, case_id
         assert with_retry[case_id]["preemptions"] == with_retry[off_id]["preemptions"] > 1, case_id
+
+
+PROMPT32_IDS = [case.id for case in h.LIVELOCK_CASES if case.prompt_len == 32]
+
+
+def test_the_progress_guarantee_lets_the_prefill_progress_without_the_backport() -> None:
+    """Without the backport, the 32-token prompt's last prefill chunk cannot
+    get its third block. Without the progress guarantee that lone prefill
+    preempts itself (3 times in a row with sub-block caching off); with it,
+    it preempts the most recently admitted decode once, finishes without
+    being preempted, and the decode is readmitted and finishes too. The
+    26-token prompt fails at its first decode step, in a decode batch, which
+    the guarantee (about a lone prefill) leaves to upstream's victim choice:
+    only the backport's gate fixes it."""
+    tree = variant_tree("no-backport")
+    without = run_matrix_in(tree, progress_guarantee=False)
+    with_guarantee = run_matrix_in(tree, progress_guarantee=True)
+    for case_id in PROMPT32_IDS:
+        assert without[case_id]["preemptions"] > 0, case_id
+        assert without[case_id]["decode_preemptions"] == 0, case_id
+        outcome = with_guarantee[case_id]
+        assert outcome["finished"] and outcome["all_blocks_free"], case_id
+        assert outcome["preemptions"] == 0, case_id
+        assert outcome["decode_preemptions"] == 1, case_id
+    assert without["prompt32-subblock-off-no-connector"]["preemptions"] == 3
+    for case_id in PROMPT26_IDS:
+        assert with_guarantee[case_id]["preemptions"] == without[case_id]["preemptions"] > 0, case_id
