@@ -23,9 +23,11 @@ from __future__ import annotations
 
 import difflib
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from . import log, pyast
 from .apply import (
@@ -239,14 +241,24 @@ class _Carried:
     commit: str | None  # the carried commit, if it applied
 
 
-def review(
-    pin: Pin, spec: SourceSpec, project: Project, *, write: bool = False, series: Series | None = None
-) -> Review:
-    """Carry the series onto ``pin`` and explain every patch; with ``write``, refresh the
-    series for ``pin`` (nothing conflicts) or leave a work tree at the first conflict."""
-    series = series or read_series(project.series_file, project.patches_dir)
+class _Run(NamedTuple):
+    repo: Repo
+    scratch: Path
+    base: Upstream
+    target: Upstream
+    built: list[Applied]
+    carried: list[_Carried]
+    head: str
+
+
+@contextmanager
+def _carried_series(
+    pin: Pin, spec: SourceSpec, project: Project, series: Series, prefix: str
+) -> Iterator[_Run]:
+    """Under the build lock: the series committed on its own pin and carried onto ``pin``,
+    going on past conflicts (the review and the tripwire both need every patch's fate)."""
     lock = PinsLock(project.pins_lock)
-    with build_lock(), tempfile.TemporaryDirectory(prefix="review-", dir=scratch_dir()) as tmp:
+    with build_lock(), tempfile.TemporaryDirectory(prefix=prefix, dir=scratch_dir()) as tmp:
         scratch = Path(tmp)
         repo = Repo(upstream_repo_dir())
         target = prepare(repo, pin, spec, lock, scratch)
@@ -254,9 +266,20 @@ def review(
         with log.phase(f"carry {len(series.patches)} patches from vllm {base.pin} onto {pin}"):
             built = commit_series_on(repo, base, series, scratch)
             carried, head = _carry_all(repo, built, target.upstream, scratch)
+        yield _Run(repo, scratch, base, target.upstream, built, carried, head)
+
+
+def review(
+    pin: Pin, spec: SourceSpec, project: Project, *, write: bool = False, series: Series | None = None
+) -> Review:
+    """Carry the series onto ``pin`` and explain every patch; with ``write``, refresh the
+    series for ``pin`` (nothing conflicts) or leave a work tree at the first conflict."""
+    series = series or read_series(project.series_file, project.patches_dir)
+    with _carried_series(pin, spec, project, series, "review-") as run:
+        repo, scratch, base, target, built, carried, head = run
         with log.phase("read what upstream changed under each patch"):
             src = _Sources(repo)
-            churn = _churn(repo, base.commit, target.upstream.commit, built)
+            churn = _churn(repo, base.commit, target.commit, built)
             by_name = {c.item.patch.name: c for c in carried}
             reviews = []
             for patch in series.patches:
@@ -264,17 +287,15 @@ def review(
                     reason = trailer_drop(patch, base.pin) or "not applied"
                     reviews.append(PatchReview(patch, "dropped", reason, mark="<", mark_note=reason))
                     continue
-                reviews.append(_review_one(src, by_name[patch.name], base, target.upstream, churn))
+                reviews.append(_review_one(src, by_name[patch.name], base, target, churn))
             reviews = _note_skipped(reviews)
             old_head = built[-1].commit if built else base.commit
             range_diff = repo.out(
-                "range-diff", "--no-color", f"{base.commit}..{old_head}", f"{target.upstream.commit}..{head}"
+                "range-diff", "--no-color", f"{base.commit}..{old_head}", f"{target.commit}..{head}"
             )
-        result = Review(
-            base.pin, pin, base.commit, target.upstream.commit, tuple(reviews), range_diff.rstrip()
-        )
+        result = Review(base.pin, pin, base.commit, target.commit, tuple(reviews), range_diff.rstrip())
         if write:
-            result = _write(repo, result, carried, head, target.upstream, project, scratch)
+            result = _write(repo, result, carried, head, target, project, scratch)
     return result
 
 
@@ -640,12 +661,6 @@ def contained_backports(pin: Pin, spec: SourceSpec, project: Project) -> list[tu
     detection as the build's automatic drop (it reverse-applies, or carrying it changes
     nothing). The tripwire: a backport still in the series at a pin that has it is dead."""
     series = read_series(project.series_file, project.patches_dir)
-    lock = PinsLock(project.pins_lock)
-    with build_lock(), tempfile.TemporaryDirectory(prefix="tripwire-", dir=scratch_dir()) as tmp:
-        scratch = Path(tmp)
-        repo = Repo(upstream_repo_dir())
-        target = prepare(repo, pin, spec, lock, scratch)
-        base = base_upstream(repo, series, target, spec, lock, scratch)
-        built = commit_series_on(repo, base, series, scratch)
-        carried, _ = _carry_all(repo, built, target.upstream, scratch)
+    with _carried_series(pin, spec, project, series, "tripwire-") as run:
+        carried = run.carried
     return [(c.item.patch.name, c.step.reason) for c in carried if c.step.kind == "upstreamed"]

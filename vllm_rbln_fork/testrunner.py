@@ -15,6 +15,7 @@ import shutil
 import sys
 import tempfile
 import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,31 +93,38 @@ def vllm_venv(wheel: Path) -> Path:
     return python
 
 
+def _cached_tree(name: str, make: Callable[[Path], None]) -> Path:
+    """A tree under the cache made once by ``make`` (a ``.complete`` marker says it finished)."""
+    tree = cache_root() / "test-trees" / name
+    if not (tree / ".complete").exists():
+        shutil.rmtree(tree, ignore_errors=True)
+        make(tree)
+        (tree / ".complete").write_text("")
+    return tree
+
+
 def source_tree(repo: Repo, commit: str, name: str) -> Path:
     """A checkout of ``commit`` (the sdist's tests/ included), made once per commit."""
-    tree = cache_root() / "test-trees" / f"{name}-{commit[:12]}"
-    if not (tree / ".complete").exists():
+
+    def make(tree: Path) -> None:
         with log.phase(f"check out {name} tree {commit[:12]}"), tempfile.TemporaryDirectory() as tmp:
-            shutil.rmtree(tree, ignore_errors=True)
             checkout_into(repo, commit, tree, Path(tmp) / "index")
-            (tree / ".complete").write_text("")
-    return tree
+
+    return _cached_tree(f"{name}-{commit[:12]}", make)
 
 
 def variant_trees(repo: Repo, patched_commit: str) -> dict[str, str]:
     """The patched tree with each ``tests/scheduler/variants/*.patch`` applied: the proof trees."""
     trees = {}
     for patch in sorted(VARIANTS.glob("*.patch")):
-        tree = (
-            cache_root() / "test-trees" / f"variant-{patch.stem}-{patched_commit[:12]}-{sha256_of(patch)[:8]}"
-        )
-        if not (tree / ".complete").exists():
+
+        def make(tree: Path, patch: Path = patch) -> None:
             with log.phase(f"make variant tree {patch.stem}"), tempfile.TemporaryDirectory() as tmp:
-                shutil.rmtree(tree, ignore_errors=True)
                 checkout_into(repo, patched_commit, tree, Path(tmp) / "index")
                 proc.run(["git", "apply", str(patch)], cwd=tree)
-                (tree / ".complete").write_text("")
-        trees[patch.stem] = str(tree)
+
+        name = f"variant-{patch.stem}-{patched_commit[:12]}-{sha256_of(patch)[:8]}"
+        trees[patch.stem] = str(_cached_tree(name, make))
     return trees
 
 

@@ -96,12 +96,17 @@ def repack_pure(
     (dist_info / "RECORD").unlink()
     (scratch / MANIFEST_MODULE).write_text(module_source(manifest))
     name = dist_info.name.removesuffix(".dist-info")  # vllm-<version>
-    target = out_dir / f"{name}-py3-none-any.whl"
+    return pack_wheel(scratch, out_dir / f"{name}-py3-none-any.whl", epoch)
+
+
+def pack_wheel(src: Path, target: Path, epoch: int) -> Path:
+    """Zip an unpacked wheel (RECORD regenerated), every entry stamped ``epoch``: same
+    files, same bytes. WheelFile reads the stamp only from ``SOURCE_DATE_EPOCH``."""
     previous = os.environ.get("SOURCE_DATE_EPOCH")
-    os.environ["SOURCE_DATE_EPOCH"] = str(epoch)  # WheelFile stamps every entry with it
+    os.environ["SOURCE_DATE_EPOCH"] = str(epoch)
     try:
         with WheelFile(target, "w") as wf:
-            wf.write_files(str(scratch))
+            wf.write_files(str(src))
     finally:
         if previous is None:
             del os.environ["SOURCE_DATE_EPOCH"]

@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from wheel.wheelfile import WheelFile
+from vllm_rbln_fork.wheel import pack_wheel
 
 REQUIRES_PYTHON = ">=3.9,<4"
 
@@ -57,18 +57,7 @@ def make_wheel(
     (dist_info / "WHEEL").write_text(
         "Wheel-Version: 1.0\nGenerator: indexkit\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
     )
-    target = out_dir / f"vllm-{version}-py3-none-any.whl"
-    previous = os.environ.get("SOURCE_DATE_EPOCH")
-    os.environ["SOURCE_DATE_EPOCH"] = "1700000000"  # same inputs, same bytes
-    try:
-        with WheelFile(target, "w") as wf:
-            wf.write_files(str(src))
-    finally:
-        if previous is None:
-            del os.environ["SOURCE_DATE_EPOCH"]
-        else:
-            os.environ["SOURCE_DATE_EPOCH"] = previous
-    return target
+    return pack_wheel(src, out_dir / f"vllm-{version}-py3-none-any.whl", 1_700_000_000)
 
 
 def snapshot(root: Path) -> dict[str, bytes]:
