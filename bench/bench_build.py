@@ -25,7 +25,7 @@ import build as bootstrap
 
 bootstrap.run_in_tool_env(__file__)
 
-from vllm_rbln_fork.index import configured_index_url, download, find_sdist  # noqa: E402
+from vllm_rbln_fork.index_client import configured_index_url, download, find_sdist  # noqa: E402
 from vllm_rbln_fork.pins import Pin  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent

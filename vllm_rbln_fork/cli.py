@@ -132,7 +132,7 @@ def main(argv: list[str]) -> int:
         if command == "yank":
             return _yank(_yank_parser().parse_args(argv[1:]))
         if command == "test":
-            from .testrunner import run_tests
+            from .testing.runner import run_tests
 
             return run_tests(argv[1:])
         _build_parser().error(f"unknown command {command!r}")
@@ -183,8 +183,7 @@ def _build(args: argparse.Namespace) -> int:
 
 
 def _review(args: argparse.Namespace) -> int:
-    from .review import review
-    from .review_render import summary_lines, write_reports
+    from .review import review, summary_lines, write_reports
 
     if args.publish:
         _build_parser().error("--publish does not go with --review")

@@ -32,7 +32,7 @@ class SourceSpec:
     def parse(cls, source: str | None, index_url: str | None) -> SourceSpec:
         if source is None:
             if index_url is None:
-                from .index import configured_index_url  # asks pip: only when needed
+                from .index_client import configured_index_url  # asks pip: only when needed
 
                 index_url = configured_index_url()
             return cls("index", index_url)
@@ -69,7 +69,7 @@ def fetch_sdist(pin: Pin, spec: SourceSpec, lock: PinsLock) -> tuple[Path, str]:
         cached = downloads_dir() / locked.filename
         if cached.exists() and sha256_of(cached) == locked.sha256:
             return cached, locked.sha256
-    from . import index  # the index client is heavy to import: not on the cache-hit path
+    from . import index_client as index  # the index client is heavy to import: not on the cache-hit path
 
     remote = index.find_sdist(pin, spec.location)
     if locked is not None and locked.sha256 != remote.sha256:

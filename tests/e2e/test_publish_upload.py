@@ -12,8 +12,8 @@ from types import ModuleType
 import pytest
 
 from vllm_rbln_fork import log
-from vllm_rbln_fork import publish as publish_module
 from vllm_rbln_fork.errors import FailedProcess, IndexConflict
+from vllm_rbln_fork.publish import folder as publish_module
 from vllm_rbln_fork.publish import publish
 
 SECRET = "pw-8d1c7e0b-never-in-logs"

@@ -15,7 +15,7 @@ import pytest
 from vllm_rbln_fork.pins import Pin
 from vllm_rbln_fork.project import Project
 from vllm_rbln_fork.review import STATUSES, contained_backports, review
-from vllm_rbln_fork.review_render import summary_lines, write_reports
+from vllm_rbln_fork.review.render import summary_lines, write_reports
 from vllm_rbln_fork.series import read_series
 from vllm_rbln_fork.source import SourceSpec
 

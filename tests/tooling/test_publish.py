@@ -20,7 +20,8 @@ from pypi_simple import IndexPage, ProjectPage
 
 from vllm_rbln_fork import log
 from vllm_rbln_fork.errors import ForkError, IndexConflict, WheelError
-from vllm_rbln_fork.publish import publish, read_wheel, regenerate, yank
+from vllm_rbln_fork.publish import publish, yank
+from vllm_rbln_fork.publish.folder import read_wheel, regenerate
 
 WHEEL = "vllm-0.31.0+rbln.1-py3-none-any.whl"
 REPO_ROOT = Path(__file__).resolve().parents[2]

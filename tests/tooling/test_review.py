@@ -16,7 +16,7 @@ from vllm_rbln_fork import cli
 from vllm_rbln_fork.pins import Pin
 from vllm_rbln_fork.project import Project
 from vllm_rbln_fork.review import Review, contained_backports, review
-from vllm_rbln_fork.review_render import html_page, markdown, write_reports
+from vllm_rbln_fork.review.render import html_page, markdown, write_reports
 from vllm_rbln_fork.workflow import checkout, export
 
 BACKPORT = "count-one-more-slot-at-admission.patch"

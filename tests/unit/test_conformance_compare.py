@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_rbln_fork.conformance import (
+from vllm_rbln_fork.testing.conformance import (
     ConformanceError,
     ExpectedDifference,
     compare,
@@ -175,7 +175,7 @@ def test_parse_junit_gives_node_ids_and_outcomes() -> None:
 
 
 def test_render_names_each_problem() -> None:
-    from vllm_rbln_fork.conformance import ConformanceReport, SideRun
+    from vllm_rbln_fork.testing.conformance import ConformanceReport, SideRun
 
     unpatched = SideRun("unpatched", BASE, ("pytest",), 1.0, cached=True)
     patched_outcomes = {**BASE, OTHER: "failed"}

@@ -15,7 +15,7 @@ patch by patch onto ``pin`` with git's 3-way merge (the same steps as the build,
   context-only drift from a change of its own lines.
 
 Unlike the build, a conflict does not stop the review: the conflicting patch is left
-out and the rest are carried without it. Nothing here prints; ``review_render`` writes
+out and the rest are carried without it. Nothing here prints; ``render`` writes
 the Markdown and HTML reports.
 """
 
@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from . import log, pyast
-from .apply import (
+from .. import log
+from ..apply import (
     Applied,
     Step,
     carry_step,
@@ -40,15 +40,16 @@ from .apply import (
     resolve_instructions,
     trailer_drop,
 )
+from ..gitrepo import Repo
+from ..paths import upstream_repo_dir
+from ..pins import Pin, PinsLock
+from ..pipeline import base_upstream, build_lock, prepare, scratch_dir
+from ..project import Project
+from ..series import Patch, Series, read_series
+from ..source import SourceSpec
+from ..upstream import Upstream
+from . import pyast
 from .difftext import FileDiff, normalized, own_lines, parse_diff
-from .gitrepo import Repo
-from .paths import upstream_repo_dir
-from .pins import Pin, PinsLock
-from .pipeline import base_upstream, build_lock, prepare, scratch_dir
-from .project import Project
-from .series import Patch, Series, read_series
-from .source import SourceSpec
-from .upstream import Upstream
 
 STATUSES = ("clean", "context drift", "merged", "conflict", "upstreamed", "dropped")
 DIFF = ("diff", "--no-color", "--no-ext-diff", "--find-renames", "--abbrev=12")
@@ -630,7 +631,7 @@ def _write(
     """Refresh patches/ and series for the new pin, or leave a work tree at the first conflict."""
     from dataclasses import replace
 
-    from .workflow import export
+    from ..workflow import export
 
     first = next((i for i, c in enumerate(carried) if c.step.kind == "conflict"), None)
     if first is not None:

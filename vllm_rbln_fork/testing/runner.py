@@ -19,15 +19,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import log, proc
-from .apply import checkout_into
-from .files import sha256_of
-from .gitrepo import Repo
-from .paths import PROJECT_ROOT, cache_root, upstream_repo_dir
-from .pins import Pin
-from .pipeline import BuildResult, build
-from .project import Project
-from .source import SourceSpec
+from .. import log, proc
+from ..apply import checkout_into
+from ..files import sha256_of
+from ..gitrepo import Repo
+from ..paths import PROJECT_ROOT, cache_root, upstream_repo_dir
+from ..pins import Pin
+from ..pipeline import BuildResult, build
+from ..project import Project
+from ..source import SourceSpec
 
 TIERS = ("tooling", "scheduler", "upstream", "e2e")
 VLLM_TEST_LOCK = PROJECT_ROOT / "requirements" / "vllm-test.lock"

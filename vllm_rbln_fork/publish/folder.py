@@ -64,8 +64,8 @@ from packaging.utils import (
 from packaging.version import Version
 from pypi_simple import NoSuchProjectError, PyPISimple
 
-from . import log, proc
-from .errors import FailedProcess, ForkError, IndexConflict, IndexUnreachable, WheelError
+from .. import log, proc
+from ..errors import FailedProcess, ForkError, IndexConflict, IndexUnreachable, WheelError
 
 API_VERSION = "1.1"  # PEP 691 JSON with PEP 700's versions/size/upload-time
 JSON_CONTENT_TYPE = "application/vnd.pypi.simple.v1+json"

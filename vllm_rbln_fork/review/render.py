@@ -7,8 +7,8 @@ import difflib
 import html
 from pathlib import Path
 
-from .files import write_atomic
-from .review import PatchReview, Review, SymbolChange
+from ..files import write_atomic
+from .analysis import PatchReview, Review, SymbolChange
 
 ICONS = {
     "clean": "✅",

@@ -33,9 +33,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import log, proc
-from .errors import FailedProcess, ForkError
-from .files import write_atomic
+from .. import log, proc
+from ..errors import FailedProcess, ForkError
+from ..files import write_atomic
 
 SUITE = "tests/v1/core"
 OUTCOMES = ("passed", "failed", "error", "skipped", "xfailed", "xpassed", "absent")

@@ -1,0 +1,19 @@
+"""The upstream-diff review (``--pin <new> --review``): carry analysis, Python AST, diff text, render."""
+
+from __future__ import annotations
+
+from .analysis import STATUSES, PatchReview, Review, SymbolChange, contained_backports, review
+from .render import html_page, markdown, summary_lines, write_reports
+
+__all__ = [
+    "STATUSES",
+    "PatchReview",
+    "Review",
+    "SymbolChange",
+    "contained_backports",
+    "html_page",
+    "markdown",
+    "review",
+    "summary_lines",
+    "write_reports",
+]

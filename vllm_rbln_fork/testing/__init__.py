@@ -1,0 +1,1 @@
+"""Test machinery shipped with the tool: the tier runner (``build.py test``) and upstream conformance."""
