@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from .analysis import STATUSES, PatchReview, Review, SymbolChange, contained_backports, review
+from .analysis import review
+from .carry import contained_backports
+from .model import STATUSES, PatchReview, Review, SymbolChange
 from .render import html_page, markdown, summary_lines, write_reports
 
 __all__ = [

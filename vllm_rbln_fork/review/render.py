@@ -8,7 +8,7 @@ import html
 from pathlib import Path
 
 from ..files import write_atomic
-from .analysis import PatchReview, Review, SymbolChange
+from .model import PatchReview, Review, SymbolChange
 
 ICONS = {
     "clean": "✅",
