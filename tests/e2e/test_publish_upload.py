@@ -13,8 +13,8 @@ import pytest
 
 from vllm_rbln_fork import log
 from vllm_rbln_fork.errors import FailedProcess, IndexConflict
-from vllm_rbln_fork.publish import folder as publish_module
 from vllm_rbln_fork.publish import publish
+from vllm_rbln_fork.publish import upload as publish_module
 
 SECRET = "pw-8d1c7e0b-never-in-logs"
 WHEEL_PATH_RE = "vllm-0.31.0+rbln.{n}-py3-none-any.whl"

@@ -21,7 +21,8 @@ from pypi_simple import IndexPage, ProjectPage
 from vllm_rbln_fork import log
 from vllm_rbln_fork.errors import ForkError, IndexConflict, WheelError
 from vllm_rbln_fork.publish import publish, yank
-from vllm_rbln_fork.publish.folder import read_wheel, regenerate
+from vllm_rbln_fork.publish.folder import regenerate
+from vllm_rbln_fork.publish.wheelfacts import read_wheel
 
 WHEEL = "vllm-0.31.0+rbln.1-py3-none-any.whl"
 REPO_ROOT = Path(__file__).resolve().parents[2]

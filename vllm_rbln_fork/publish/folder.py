@@ -1,4 +1,4 @@
-"""Publish a built wheel to the internal index: a static folder, or an upload to a server.
+"""The static folder index: files written once, sidecars, pages regenerated under a lock.
 
 ``DEST`` is either a folder, which becomes (or already is) a static index that any
 web server can serve, or an ``http(s)://`` URL of an index server that accepts
@@ -38,119 +38,40 @@ same bytes again is a no-op; different bytes under a published name raise
 
 from __future__ import annotations
 
-import hashlib
-import html
 import json
 import os
 import shutil
-import sys
-import zipfile
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
-from urllib.parse import quote, urljoin, urlsplit
 
 import filelock
-import requests
-from packaging.metadata import parse_email
-from packaging.utils import (
-    InvalidWheelFilename,
-    NormalizedName,
-    canonicalize_name,
-    parse_wheel_filename,
+from packaging.utils import NormalizedName
+
+from .. import log
+from ..errors import ForkError, IndexConflict, WheelError
+from .pages import (
+    FILES_DIR,
+    FileEntry,
+    format_time,
+    parse_time,
+    render_project_html,
+    render_project_json,
+    render_root_html,
+    render_root_json,
 )
-from packaging.version import Version
-from pypi_simple import NoSuchProjectError, PyPISimple
+from .result import PublishResult
+from .wheelfacts import WheelFacts, read_wheel, sha256_and_size
 
-from .. import log, proc
-from ..errors import FailedProcess, ForkError, IndexConflict, IndexUnreachable, WheelError
-
-API_VERSION = "1.1"  # PEP 691 JSON with PEP 700's versions/size/upload-time
-JSON_CONTENT_TYPE = "application/vnd.pypi.simple.v1+json"
-HTML_CONTENT_TYPE = "application/vnd.pypi.simple.v1+html"
-FILES_DIR = "files"
 PAGES_DIR = "simple"
 STATE_DIR = ".index-state"
 METADATA_SUFFIX = ".metadata"
 
 
-@dataclass(frozen=True)
-class PublishResult:
-    """What :func:`publish` did.
-
-    ``already_published`` is true when the index already held these exact bytes
-    (nothing was written or uploaded). ``file_url`` is where the wheel is now: a path
-    in the folder, or the URL the server lists it under (empty if the server's pages
-    could not be read back).
-    """
-
-    filename: str
-    sha256: str
-    dest: str
-    index_url: str
-    file_url: str
-    already_published: bool
-
-
-@dataclass(frozen=True)
-class WheelFacts:
-    """What the index needs to know about one wheel, read from its bytes."""
-
-    filename: str
-    name: NormalizedName
-    version: Version
-    sha256: str
-    size: int
-    metadata: bytes  # the wheel's .dist-info/METADATA, unchanged
-    requires_python: str | None
-
-    @property
-    def metadata_sha256(self) -> str:
-        return hashlib.sha256(self.metadata).hexdigest()
-
-
-@dataclass(frozen=True)
-class FileEntry:
-    """One file on a project page: the wheel's facts plus its sidecar."""
-
-    facts: WheelFacts
-    upload_time: datetime
-    yanked: bool
-    yanked_reason: str
-
-
-def is_url(dest: str) -> bool:
-    return urlsplit(dest).scheme in ("http", "https")
-
-
-def publish(wheel: Path, dest: str, *, index_url: str | None = None) -> PublishResult:
-    """Put ``wheel`` into the index at ``dest`` (a folder, or an upload URL).
-
-    For an upload URL, ``index_url`` is the server's PEP 503 page root used to check
-    for an existing file first; by default ``<dest>/simple/`` (pypiserver's layout).
-    Credentials come from ``TWINE_USERNAME``/``TWINE_PASSWORD`` or keyring, never
-    from the URL or the command line.
-    """
-    facts = read_wheel(wheel)
-    if is_url(dest):
-        return _publish_upload(wheel, facts, dest, index_url)
-    return _publish_folder(wheel, facts, Path(dest))
-
-
-def yank(dest: str, filename: str, reason: str) -> None:
-    """Mark ``filename`` yanked (PEP 592) in the folder index at ``dest``; nothing is deleted.
-
-    An installer skips a yanked file unless it is pinned exactly (``==`` with the full
-    version). Yanking again with another reason updates the reason.
-    """
-    if is_url(dest):
-        raise ForkError(
-            f"yanking on an index server ({_redact(dest)}) is done with the server's own tools "
-            f"(its web UI or API); this command yanks in a static folder index."
-        )
-    root = Path(dest)
+def yank(root: Path, filename: str, reason: str) -> None:
+    """Mark ``filename`` yanked in the folder index at ``root`` (see :func:`..publish.yank`)."""
     if not (root / FILES_DIR).is_dir():
         raise ForkError(f"{root} is not a published index (it has no {FILES_DIR}/ folder); check the path.")
     if Path(filename).name != filename:
@@ -176,65 +97,7 @@ def regenerate(dest: Path) -> None:
         _regenerate(dest)
 
 
-# --- reading a wheel -----------------------------------------------------------------
-
-
-def read_wheel(wheel: Path) -> WheelFacts:
-    """Name, version, hashes and core metadata of ``wheel``; refuse anything malformed."""
-    try:
-        name, version, _, _ = parse_wheel_filename(wheel.name)
-    except InvalidWheelFilename as exc:
-        raise WheelError(
-            f"{wheel.name} is not a wheel file name ({exc}); only wheels are published."
-        ) from None
-    if not wheel.is_file():
-        raise WheelError(f"{wheel} does not exist; build it first (python build.py --pin ...).")
-    try:
-        with zipfile.ZipFile(wheel) as zf:
-            metadata_names = [
-                n for n in zf.namelist() if n.count("/") == 1 and n.endswith(".dist-info/METADATA")
-            ]
-            if len(metadata_names) != 1:
-                raise WheelError(
-                    f"{wheel.name} has {len(metadata_names)} .dist-info/METADATA files, expected one; "
-                    f"it is not a valid wheel."
-                )
-            metadata = zf.read(metadata_names[0])
-    except zipfile.BadZipFile:
-        raise WheelError(f"{wheel} is not a zip file; it is not a valid wheel.") from None
-    raw, _ = parse_email(metadata)
-    meta_name, meta_version = raw.get("name", ""), raw.get("version", "")
-    if canonicalize_name(meta_name) != name or not meta_version or Version(meta_version) != version:
-        raise WheelError(
-            f"{wheel.name} says {meta_name} {meta_version} in its METADATA but {name} {version} in "
-            f"its file name; refusing to publish a wheel that contradicts itself."
-        )
-    digest, size = _sha256_and_size(wheel)
-    return WheelFacts(
-        filename=wheel.name,
-        name=name,
-        version=version,
-        sha256=digest,
-        size=size,
-        metadata=metadata,
-        requires_python=raw.get("requires_python"),
-    )
-
-
-def _sha256_and_size(path: Path) -> tuple[str, int]:
-    digest = hashlib.sha256()
-    size = 0
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-            size += len(chunk)
-    return digest.hexdigest(), size
-
-
-# --- the static folder ---------------------------------------------------------------
-
-
-def _publish_folder(wheel: Path, facts: WheelFacts, root: Path) -> PublishResult:
+def publish_folder(wheel: Path, facts: WheelFacts, root: Path) -> PublishResult:
     target = root / FILES_DIR / facts.filename
     result = PublishResult(
         filename=facts.filename,
@@ -246,7 +109,7 @@ def _publish_folder(wheel: Path, facts: WheelFacts, root: Path) -> PublishResult
     )
     with log.phase(f"publish {facts.filename} to {root}"), _locked(root):
         if target.exists():
-            existing, _ = _sha256_and_size(target)
+            existing, _ = sha256_and_size(target)
             if existing != facts.sha256:
                 raise IndexConflict(
                     f"{root} already has {facts.filename} with different bytes (sha256 {existing}, "
@@ -315,7 +178,7 @@ def _read_state(root: Path, filename: str) -> dict[str, object] | None:
 def _default_state(wheel: Path) -> dict[str, object]:
     """For a wheel copied into files/ by hand: its modification time, not yanked."""
     mtime = datetime.fromtimestamp(wheel.stat().st_mtime, tz=UTC)
-    return {"upload_time": _format_time(mtime), "yanked": False}
+    return {"upload_time": format_time(mtime), "yanked": False}
 
 
 def _state_json(state: Mapping[str, object]) -> bytes:
@@ -323,16 +186,7 @@ def _state_json(state: Mapping[str, object]) -> bytes:
 
 
 def _now() -> str:
-    return _format_time(datetime.now(tz=UTC))
-
-
-def _format_time(moment: datetime) -> str:
-    """PEP 700's ``yyyy-mm-ddThh:mm:ss.ffffffZ``, in UTC."""
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def _parse_time(text: str) -> datetime:
-    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
+    return format_time(datetime.now(tz=UTC))
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
@@ -356,7 +210,7 @@ def _atomic_copy(source: Path, target: Path, sha256: str) -> None:
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
         shutil.copyfile(source, tmp)
-        copied, _ = _sha256_and_size(tmp)
+        copied, _ = sha256_and_size(tmp)
         if copied != sha256:
             raise WheelError(
                 f"{source.name} changed while it was being published (sha256 {copied}, expected "
@@ -387,7 +241,7 @@ def _entries(root: Path) -> list[FileEntry]:
         entries.append(
             FileEntry(
                 facts=facts,
-                upload_time=_parse_time(str(state["upload_time"])),
+                upload_time=parse_time(str(state["upload_time"])),
                 yanked=bool(state.get("yanked", False)),
                 yanked_reason=str(state.get("yanked_reason", "")),
             )
@@ -407,202 +261,3 @@ def _regenerate(root: Path) -> None:
     names = sorted(by_project)
     _atomic_write(pages / "index.html", render_root_html(names).encode())
     _atomic_write(pages / "index.json", render_root_json(names).encode())
-
-
-def _file_href(filename: str) -> str:
-    """From ``simple/<name>/``: the file in ``files/``, percent-encoded (``+`` is ``%2B``)."""
-    return f"../../{FILES_DIR}/{quote(filename, safe='')}"
-
-
-def render_root_html(names: list[NormalizedName]) -> str:
-    links = "".join(f'    <a href="{quote(n)}/">{html.escape(n)}</a><br>\n' for n in names)
-    return (
-        "<!DOCTYPE html>\n<html>\n  <head>\n"
-        f'    <meta name="pypi:repository-version" content="{API_VERSION}">\n'
-        "    <title>Simple index</title>\n  </head>\n  <body>\n"
-        f"{links}  </body>\n</html>\n"
-    )
-
-
-def render_root_json(names: list[NormalizedName]) -> str:
-    data = {"meta": {"api-version": API_VERSION}, "projects": [{"name": n} for n in names]}
-    return json.dumps(data, indent=2) + "\n"
-
-
-def render_project_html(name: NormalizedName, entries: list[FileEntry]) -> str:
-    lines = []
-    for e in entries:
-        f = e.facts
-        attrs = [f'href="{_file_href(f.filename)}#sha256={f.sha256}"']
-        if f.requires_python:
-            attrs.append(f'data-requires-python="{html.escape(f.requires_python, quote=True)}"')
-        attrs.append(f'data-core-metadata="sha256={f.metadata_sha256}"')
-        attrs.append(f'data-dist-info-metadata="sha256={f.metadata_sha256}"')
-        if e.yanked:
-            attrs.append(f'data-yanked="{html.escape(e.yanked_reason, quote=True)}"')
-        lines.append(f"    <a {' '.join(attrs)}>{html.escape(f.filename)}</a><br>\n")
-    title = f"Links for {html.escape(name)}"
-    return (
-        "<!DOCTYPE html>\n<html>\n  <head>\n"
-        f'    <meta name="pypi:repository-version" content="{API_VERSION}">\n'
-        f"    <title>{title}</title>\n  </head>\n  <body>\n    <h1>{title}</h1>\n"
-        f"{''.join(lines)}  </body>\n</html>\n"
-    )
-
-
-def render_project_json(name: NormalizedName, entries: list[FileEntry]) -> str:
-    files = []
-    for e in entries:
-        f = e.facts
-        item: dict[str, object] = {
-            "filename": f.filename,
-            "url": _file_href(f.filename),
-            "hashes": {"sha256": f.sha256},
-        }
-        if f.requires_python:
-            item["requires-python"] = f.requires_python
-        item["core-metadata"] = {"sha256": f.metadata_sha256}
-        item["dist-info-metadata"] = {"sha256": f.metadata_sha256}
-        item["size"] = f.size
-        item["upload-time"] = _format_time(e.upload_time)
-        item["yanked"] = (e.yanked_reason or True) if e.yanked else False
-        files.append(item)
-    versions = sorted({e.facts.version for e in entries})
-    data = {
-        "meta": {"api-version": API_VERSION},
-        "name": name,
-        "versions": [str(v) for v in versions],
-        "files": files,
-    }
-    return json.dumps(data, indent=2) + "\n"
-
-
-# --- an index server -----------------------------------------------------------------
-
-
-def default_index_url(upload_url: str) -> str:
-    """Where an upload URL's server lists its files (pypiserver: ``<url>/simple/``)."""
-    return urljoin(upload_url if upload_url.endswith("/") else upload_url + "/", "simple/")
-
-
-def _redact(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.username is None and parts.password is None:
-        return url
-    host = parts.hostname or ""
-    if parts.port:
-        host += f":{parts.port}"
-    return parts._replace(netloc=f"***@{host}").geturl()
-
-
-def _auth_from_env() -> tuple[str, str] | None:
-    user, password = os.environ.get("TWINE_USERNAME"), os.environ.get("TWINE_PASSWORD")
-    return (user, password) if user and password else None
-
-
-def _remote_file(index_url: str, facts: WheelFacts) -> tuple[str | None, str] | None:
-    """``(sha256 or None, url)`` of ``facts.filename`` on the server, or None if it is not there.
-
-    Raises :class:`IndexUnreachable` when the server's pages cannot be read.
-    """
-    try:
-        with PyPISimple(endpoint=index_url, auth=_auth_from_env()) as client:
-            page = client.get_project_page(facts.name, timeout=60)
-    except NoSuchProjectError:
-        return None
-    except requests.RequestException as exc:
-        raise IndexUnreachable(f"cannot read {_redact(index_url)}: {exc}") from None
-    for pkg in page.packages:
-        if pkg.filename == facts.filename:
-            return pkg.digests.get("sha256"), pkg.url
-    return None
-
-
-def _publish_upload(wheel: Path, facts: WheelFacts, dest: str, index_url: str | None) -> PublishResult:
-    parts = urlsplit(dest)
-    if parts.username is not None or parts.password is not None:
-        raise ForkError(
-            f"the upload URL {_redact(dest)} carries credentials; they would show up in logs and "
-            f"process lists. Remove them from the URL and set TWINE_USERNAME and TWINE_PASSWORD "
-            f"(or store them in keyring) instead."
-        )
-    simple = index_url or default_index_url(dest)
-    result = PublishResult(
-        filename=facts.filename,
-        sha256=facts.sha256,
-        dest=dest,
-        index_url=simple,
-        file_url="",
-        already_published=False,
-    )
-    with log.phase(f"upload {facts.filename} to {dest}"):
-        try:
-            existing = _remote_file(simple, facts)
-        except IndexUnreachable as exc:
-            log.warn(
-                f"{exc}; cannot check for an existing {facts.filename}; "
-                f"the server will have to refuse an overwrite"
-            )
-            existing = None
-        if existing is not None:
-            digest, url = existing
-            if digest == facts.sha256:
-                log.info(f"{facts.filename} is already on {simple} with the same bytes; nothing to do")
-                return replace(result, file_url=url, already_published=True)
-            if digest is not None:
-                raise IndexConflict(
-                    f"{simple} already has {facts.filename} with different bytes (sha256 {digest}, "
-                    f"this one {facts.sha256}). A published file is never replaced: build a new "
-                    f"release (the next +rbln.<n>). Nothing was uploaded."
-                )
-            log.warn(f"{simple} lists {facts.filename} without a sha256; uploading, the server decides")
-        _twine_upload(wheel, dest)
-        try:
-            after = _remote_file(simple, facts)
-        except IndexUnreachable as exc:
-            log.warn(f"uploaded, but {exc}; check that {facts.filename} is listed there")
-            return result
-    if after is None:
-        log.warn(f"uploaded, but {simple} does not list {facts.filename} (yet); check the server")
-        return result
-    digest, url = after
-    if digest is not None and digest != facts.sha256:
-        raise IndexConflict(
-            f"{simple} now lists {facts.filename} with sha256 {digest}, not {facts.sha256}: the "
-            f"server kept another file under this name. Investigate before anyone installs it."
-        )
-    log.info(f"uploaded {facts.filename} (sha256 {facts.sha256}) to {dest}")
-    return replace(result, file_url=url)
-
-
-def _twine_upload(wheel: Path, dest: str) -> None:
-    """twine reads TWINE_USERNAME/TWINE_PASSWORD or keyring itself: no secret on the command line.
-
-    A refusal to overwrite comes as 409 Conflict, or as 400 with "already exists" in the
-    body (pypiserver, Warehouse); both become :class:`IndexConflict`.
-    """
-    cmd = [
-        sys.executable,
-        "-m",
-        "twine",
-        "upload",
-        "--repository-url",
-        dest,
-        "--non-interactive",
-        "--disable-progress-bar",
-        "--verbose",  # the server's reason for a refusal; twine shows the password as <hidden>
-        str(wheel),
-    ]
-    try:
-        proc.run(
-            cmd,
-            hint="Credentials come from TWINE_USERNAME and TWINE_PASSWORD or from keyring; check "
-            "them and the upload URL.",
-        )
-    except FailedProcess as exc:
-        if "409 Conflict" in exc.output or "already exists" in exc.output.lower():
-            raise IndexConflict(
-                f"{_redact(dest)} refused {wheel.name}: a file of that name is already there. "
-                f"A published file is never replaced: build a new release (the next +rbln.<n>)."
-            ) from None
-        raise

@@ -1,0 +1,38 @@
+"""What a publish did: the same answer from the folder index and from an upload."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+
+@dataclass(frozen=True)
+class PublishResult:
+    """What :func:`publish` did.
+
+    ``already_published`` is true when the index already held these exact bytes
+    (nothing was written or uploaded). ``file_url`` is where the wheel is now: a path
+    in the folder, or the URL the server lists it under (empty if the server's pages
+    could not be read back).
+    """
+
+    filename: str
+    sha256: str
+    dest: str
+    index_url: str
+    file_url: str
+    already_published: bool
+
+
+def is_url(dest: str) -> bool:
+    return urlsplit(dest).scheme in ("http", "https")
+
+
+def redact(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    host = parts.hostname or ""
+    if parts.port:
+        host += f":{parts.port}"
+    return parts._replace(netloc=f"***@{host}").geturl()

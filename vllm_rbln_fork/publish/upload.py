@@ -1,0 +1,135 @@
+"""Publish to an index server: check it for the file, upload with twine, read it back."""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import replace
+from pathlib import Path
+from urllib.parse import urljoin, urlsplit
+
+import requests
+from pypi_simple import NoSuchProjectError, PyPISimple
+
+from .. import log, proc
+from ..errors import FailedProcess, ForkError, IndexConflict, IndexUnreachable
+from .result import PublishResult, redact
+from .wheelfacts import WheelFacts
+
+
+def default_index_url(upload_url: str) -> str:
+    """Where an upload URL's server lists its files (pypiserver: ``<url>/simple/``)."""
+    return urljoin(upload_url if upload_url.endswith("/") else upload_url + "/", "simple/")
+
+
+def _auth_from_env() -> tuple[str, str] | None:
+    user, password = os.environ.get("TWINE_USERNAME"), os.environ.get("TWINE_PASSWORD")
+    return (user, password) if user and password else None
+
+
+def _remote_file(index_url: str, facts: WheelFacts) -> tuple[str | None, str] | None:
+    """``(sha256 or None, url)`` of ``facts.filename`` on the server, or None if it is not there.
+
+    Raises :class:`IndexUnreachable` when the server's pages cannot be read.
+    """
+    try:
+        with PyPISimple(endpoint=index_url, auth=_auth_from_env()) as client:
+            page = client.get_project_page(facts.name, timeout=60)
+    except NoSuchProjectError:
+        return None
+    except requests.RequestException as exc:
+        raise IndexUnreachable(f"cannot read {redact(index_url)}: {exc}") from None
+    for pkg in page.packages:
+        if pkg.filename == facts.filename:
+            return pkg.digests.get("sha256"), pkg.url
+    return None
+
+
+def publish_upload(wheel: Path, facts: WheelFacts, dest: str, index_url: str | None) -> PublishResult:
+    parts = urlsplit(dest)
+    if parts.username is not None or parts.password is not None:
+        raise ForkError(
+            f"the upload URL {redact(dest)} carries credentials; they would show up in logs and "
+            f"process lists. Remove them from the URL and set TWINE_USERNAME and TWINE_PASSWORD "
+            f"(or store them in keyring) instead."
+        )
+    simple = index_url or default_index_url(dest)
+    result = PublishResult(
+        filename=facts.filename,
+        sha256=facts.sha256,
+        dest=dest,
+        index_url=simple,
+        file_url="",
+        already_published=False,
+    )
+    with log.phase(f"upload {facts.filename} to {dest}"):
+        try:
+            existing = _remote_file(simple, facts)
+        except IndexUnreachable as exc:
+            log.warn(
+                f"{exc}; cannot check for an existing {facts.filename}; "
+                f"the server will have to refuse an overwrite"
+            )
+            existing = None
+        if existing is not None:
+            digest, url = existing
+            if digest == facts.sha256:
+                log.info(f"{facts.filename} is already on {simple} with the same bytes; nothing to do")
+                return replace(result, file_url=url, already_published=True)
+            if digest is not None:
+                raise IndexConflict(
+                    f"{simple} already has {facts.filename} with different bytes (sha256 {digest}, "
+                    f"this one {facts.sha256}). A published file is never replaced: build a new "
+                    f"release (the next +rbln.<n>). Nothing was uploaded."
+                )
+            log.warn(f"{simple} lists {facts.filename} without a sha256; uploading, the server decides")
+        _twine_upload(wheel, dest)
+        try:
+            after = _remote_file(simple, facts)
+        except IndexUnreachable as exc:
+            log.warn(f"uploaded, but {exc}; check that {facts.filename} is listed there")
+            return result
+    if after is None:
+        log.warn(f"uploaded, but {simple} does not list {facts.filename} (yet); check the server")
+        return result
+    digest, url = after
+    if digest is not None and digest != facts.sha256:
+        raise IndexConflict(
+            f"{simple} now lists {facts.filename} with sha256 {digest}, not {facts.sha256}: the "
+            f"server kept another file under this name. Investigate before anyone installs it."
+        )
+    log.info(f"uploaded {facts.filename} (sha256 {facts.sha256}) to {dest}")
+    return replace(result, file_url=url)
+
+
+def _twine_upload(wheel: Path, dest: str) -> None:
+    """twine reads TWINE_USERNAME/TWINE_PASSWORD or keyring itself: no secret on the command line.
+
+    A refusal to overwrite comes as 409 Conflict, or as 400 with "already exists" in the
+    body (pypiserver, Warehouse); both become :class:`IndexConflict`.
+    """
+    cmd = [
+        sys.executable,
+        "-m",
+        "twine",
+        "upload",
+        "--repository-url",
+        dest,
+        "--non-interactive",
+        "--disable-progress-bar",
+        "--verbose",  # the server's reason for a refusal; twine shows the password as <hidden>
+        str(wheel),
+    ]
+    try:
+        proc.run(
+            cmd,
+            hint="Credentials come from TWINE_USERNAME and TWINE_PASSWORD or from keyring; check "
+            "them and the upload URL.",
+        )
+    except FailedProcess as exc:
+        if "409 Conflict" in exc.output or "already exists" in exc.output.lower():
+            raise IndexConflict(
+                f"{redact(dest)} refused {wheel.name}: a file of that name is already there. "
+                f"A published file is never replaced: build a new release (the next +rbln.<n>)."
+            ) from None
+        raise

@@ -1,0 +1,83 @@
+"""What the index needs to know about a wheel, read from its bytes and refused if malformed."""
+
+from __future__ import annotations
+
+import hashlib
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from packaging.metadata import parse_email
+from packaging.utils import InvalidWheelFilename, NormalizedName, canonicalize_name, parse_wheel_filename
+from packaging.version import Version
+
+from ..errors import WheelError
+
+
+@dataclass(frozen=True)
+class WheelFacts:
+    """What the index needs to know about one wheel, read from its bytes."""
+
+    filename: str
+    name: NormalizedName
+    version: Version
+    sha256: str
+    size: int
+    metadata: bytes  # the wheel's .dist-info/METADATA, unchanged
+    requires_python: str | None
+
+    @property
+    def metadata_sha256(self) -> str:
+        return hashlib.sha256(self.metadata).hexdigest()
+
+
+def read_wheel(wheel: Path) -> WheelFacts:
+    """Name, version, hashes and core metadata of ``wheel``; refuse anything malformed."""
+    try:
+        name, version, _, _ = parse_wheel_filename(wheel.name)
+    except InvalidWheelFilename as exc:
+        raise WheelError(
+            f"{wheel.name} is not a wheel file name ({exc}); only wheels are published."
+        ) from None
+    if not wheel.is_file():
+        raise WheelError(f"{wheel} does not exist; build it first (python build.py --pin ...).")
+    try:
+        with zipfile.ZipFile(wheel) as zf:
+            metadata_names = [
+                n for n in zf.namelist() if n.count("/") == 1 and n.endswith(".dist-info/METADATA")
+            ]
+            if len(metadata_names) != 1:
+                raise WheelError(
+                    f"{wheel.name} has {len(metadata_names)} .dist-info/METADATA files, expected one; "
+                    f"it is not a valid wheel."
+                )
+            metadata = zf.read(metadata_names[0])
+    except zipfile.BadZipFile:
+        raise WheelError(f"{wheel} is not a zip file; it is not a valid wheel.") from None
+    raw, _ = parse_email(metadata)
+    meta_name, meta_version = raw.get("name", ""), raw.get("version", "")
+    if canonicalize_name(meta_name) != name or not meta_version or Version(meta_version) != version:
+        raise WheelError(
+            f"{wheel.name} says {meta_name} {meta_version} in its METADATA but {name} {version} in "
+            f"its file name; refusing to publish a wheel that contradicts itself."
+        )
+    digest, size = sha256_and_size(wheel)
+    return WheelFacts(
+        filename=wheel.name,
+        name=name,
+        version=version,
+        sha256=digest,
+        size=size,
+        metadata=metadata,
+        requires_python=raw.get("requires_python"),
+    )
+
+
+def sha256_and_size(path: Path) -> tuple[str, int]:
+    digest = hashlib.sha256()
+    size = 0
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+            size += len(chunk)
+    return digest.hexdigest(), size
