@@ -6,12 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from vllm_rbln_fork.testing.conformance import (
+from vllm_rbln_fork.testing.expectations import load_cannot_run, load_expected
+from vllm_rbln_fork.testing.outcomes import (
     ConformanceError,
     ExpectedDifference,
     compare,
-    load_cannot_run,
-    load_expected,
     parse_junit,
     render_report,
 )
@@ -175,7 +174,7 @@ def test_parse_junit_gives_node_ids_and_outcomes() -> None:
 
 
 def test_render_names_each_problem() -> None:
-    from vllm_rbln_fork.testing.conformance import ConformanceReport, SideRun
+    from vllm_rbln_fork.testing.outcomes import ConformanceReport, SideRun
 
     unpatched = SideRun("unpatched", BASE, ("pytest",), 1.0, cached=True)
     patched_outcomes = {**BASE, OTHER: "failed"}

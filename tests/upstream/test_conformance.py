@@ -25,7 +25,8 @@ import pytest
 
 from vllm_rbln_fork import log
 from vllm_rbln_fork.paths import PROJECT_ROOT, cache_root
-from vllm_rbln_fork.testing.conformance import render_report, run_conformance
+from vllm_rbln_fork.testing.conformance import run_conformance
+from vllm_rbln_fork.testing.outcomes import render_report
 
 HERE = Path(__file__).resolve().parent
 REQUIRED = ("VLLM_RBLN_VLLM_PYTHON", "VLLM_RBLN_SOURCE_TREE", "VLLM_RBLN_UPSTREAM_TREE")
