@@ -9,6 +9,7 @@ import email.utils
 import re
 import shutil
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 
 from . import log
@@ -107,71 +108,126 @@ def _three_way(repo: Repo, head: str, commit: str) -> tuple[str, list[str]]:
     return lines[0].strip(), [line.strip() for line in lines[1:] if line.strip()] if status == 1 else []
 
 
+class StepKind(StrEnum):
+    """What carrying one patch onto a head gives."""
+
+    APPLIED = "applied"  # ``tree`` is the result
+    DROPPED = "dropped"  # by its Applied-Upstream trailer
+    UPSTREAMED = "upstreamed"  # a backport the head already contains
+    EMPTY = "empty"  # a non-backport that changes nothing: never dropped, always an error
+    CONFLICT = "conflict"  # ``tree`` holds the conflict markers, ``conflicts`` names the files
+
+
+class AtConflict(StrEnum):
+    """The carry's policy at a conflict (an empty RBLN patch is an error under either)."""
+
+    STOP = "stop"  # the build: leave a work tree stopped at the conflict and raise
+    GO_ON = "go on"  # the review and the tripwire: record it, carry the rest without it
+
+
 @dataclass(frozen=True)
 class Step:
-    """What carrying one patch onto a head gives, before anything is committed.
+    """What carrying one patch onto a head gives, before anything is committed."""
 
-    ``kind``: ``applied`` (``tree`` is the result), ``dropped`` (by its Applied-Upstream
-    trailer), ``upstreamed`` (a backport the head already contains), ``empty`` (a
-    non-backport that changes nothing) or ``conflict`` (``tree`` holds the conflict
-    markers, ``conflicts`` names the files).
-    """
-
-    kind: str
+    kind: StepKind
     tree: str | None = None
     conflicts: tuple[str, ...] = ()
     reason: str = ""
+
+    @property
+    def left_out(self) -> bool:
+        """Upstream has the patch (by trailer or by detection): it is not carried."""
+        return self.kind in (StepKind.DROPPED, StepKind.UPSTREAMED)
 
 
 def carry_step(repo: Repo, head: str, item: Applied, pin: Pin, scratch: Path) -> Step:
     """Carry one commit made by commit_series_on onto ``head`` (at ``pin``), in memory."""
     patch = item.patch
     if reason := trailer_drop(patch, pin):
-        return Step("dropped", reason=reason)
+        return Step(StepKind.DROPPED, reason=reason)
     if patch.is_backport and _reverse_applies(repo, head, patch, scratch):
-        return Step("upstreamed", reason=_detected_reason(patch, pin, "it reverse-applies"))
+        return Step(StepKind.UPSTREAMED, reason=_detected_reason(patch, pin, "it reverse-applies"))
     tree, conflicts = _three_way(repo, head, item.commit)
     if conflicts:
-        return Step("conflict", tree, tuple(conflicts))
+        return Step(StepKind.CONFLICT, tree, tuple(conflicts))
     if tree == repo.tree_of(head):
         if patch.is_backport:
             reason = _detected_reason(patch, pin, "applying it changes nothing")
-            return Step("upstreamed", tree, reason=reason)
-        return Step("empty", tree, reason=f"applying it to vllm {pin} changes nothing")
-    return Step("applied", tree)
+            return Step(StepKind.UPSTREAMED, tree, reason=reason)
+        return Step(StepKind.EMPTY, tree, reason=f"applying it to vllm {pin} changes nothing")
+    return Step(StepKind.APPLIED, tree)
 
 
-def carry_series(
-    repo: Repo, built: list[Applied], base: Upstream, target: Upstream, scratch: Path, conflict_root: Path
-) -> AppliedSeries:
-    """Carry the commits made on ``base`` onto ``target``, dropping what upstream has."""
+@dataclass(frozen=True)
+class Carried:
+    """One patch's fate in a carry."""
+
+    item: Applied
+    step: Step
+    before: str  # the head it was carried onto
+    commit: str | None  # the carried commit, if it applied
+
+
+@dataclass(frozen=True)
+class Carry:
+    target: Upstream
+    carried: tuple[Carried, ...]
+    head: str
+
+
+def carry(
+    repo: Repo,
+    built: list[Applied],
+    target: Upstream,
+    scratch: Path,
+    *,
+    at_conflict: AtConflict,
+    conflict_root: Path | None = None,
+) -> Carry:
+    """The one carry loop: the commits made by commit_series_on, onto ``target``, in order.
+
+    Patches upstream has are left out with their reason. An RBLN patch that changes nothing
+    raises (it is never dropped silently, whatever the policy). At a conflict, ``STOP``
+    leaves a work tree in ``conflict_root`` and raises; ``GO_ON`` records it and carries
+    the rest without it.
+    """
     head = target.commit
-    applied: list[Applied] = []
-    dropped: list[Dropped] = []
+    carried: list[Carried] = []
     for index, item in enumerate(built):
         patch = item.patch
         step = carry_step(repo, head, item, target.pin, scratch)
-        if step.kind in ("dropped", "upstreamed"):
-            dropped.append(Dropped(patch, step.reason))
-            continue
-        if step.kind == "conflict":
-            rest = remaining_commits(built[index:], target.pin)
-            raise _conflict_error(repo, patch, target, head, rest, list(step.conflicts), conflict_root)
-        if step.kind == "empty":
+        if step.kind is StepKind.EMPTY:
             raise ForkError(
                 f"patches/{patch.name} (Origin: {patch.origin_kind}) changes nothing on vllm "
                 f"{target.pin}: upstream seems to contain it. An RBLN patch is never dropped "
                 f"silently: remove it from the series, or give it 'Origin: backport, <ref>' "
                 f"and 'Applied-Upstream: {target.pin}' if it was upstreamed."
             )
-        assert step.tree is not None
-        # Same tree, parent, message and identity give the same id: on the base pin the
-        # carried commit is the one commit_series_on made.
-        head = repo.commit_tree(step.tree, [head], patch.message, patch_identity(patch))
-        applied.append(Applied(patch, head))
+        if step.kind is StepKind.CONFLICT and at_conflict is AtConflict.STOP:
+            assert conflict_root is not None, "AtConflict.STOP needs a conflict_root"
+            rest = remaining_commits(built[index:], target.pin)
+            raise _conflict_error(repo, patch, target, head, rest, list(step.conflicts), conflict_root)
+        commit = None
+        if step.kind is StepKind.APPLIED:
+            assert step.tree is not None
+            # Same tree, parent, message and identity give the same id: on the base pin the
+            # carried commit is the one commit_series_on made.
+            commit = repo.commit_tree(step.tree, [head], patch.message, patch_identity(patch))
+        carried.append(Carried(item, step, head, commit))
+        head = commit or head
+    return Carry(target, tuple(carried), head)
+
+
+def carry_series(
+    repo: Repo, built: list[Applied], base: Upstream, target: Upstream, scratch: Path, conflict_root: Path
+) -> AppliedSeries:
+    """The build's carry: stop at a conflict, say what was dropped and why."""
+    result = carry(repo, built, target, scratch, at_conflict=AtConflict.STOP, conflict_root=conflict_root)
+    applied = [Applied(c.item.patch, c.commit) for c in result.carried if c.commit is not None]
+    dropped = [Dropped(c.item.patch, c.step.reason) for c in result.carried if c.step.left_out]
     for drop in dropped:
         log.warn(f"dropped patches/{drop.patch.name}: {drop.reason}")
-    return AppliedSeries(target, head, tuple(applied), tuple(dropped))
+    return AppliedSeries(target, result.head, tuple(applied), tuple(dropped))
 
 
 def remaining_commits(built: list[Applied], pin: Pin) -> list[str]:

@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import html.parser
 
+import pytest
+
 from vllm_rbln_fork import cli
+from vllm_rbln_fork.errors import ForkError
 from vllm_rbln_fork.pins import Pin
 from vllm_rbln_fork.project import Project
 from vllm_rbln_fork.review import Review, contained_backports, review
@@ -228,3 +231,23 @@ def test_tripwire_detects_a_backport_the_pin_contains(review_fork) -> None:
     assert contained_backports(Pin.parse("2.0"), review_fork.spec(), review_fork.project) == []
     [(name, reason)] = contained_backports(Pin.parse("2.2"), review_fork.spec(), review_fork.project)
     assert name == BACKPORT and "Applied-Upstream: 2.2" in reason
+
+
+def _relabel_as_rbln(fork, name: str) -> None:
+    patch = fork.project.patches_dir / name
+    text = patch.read_text()
+    origin = next(line for line in text.splitlines() if line.startswith("Origin: "))
+    patch.write_text(text.replace(origin, "Origin: rbln", 1))
+
+
+def test_write_never_drops_an_rbln_patch_upstream_seems_to_have(review_fork) -> None:
+    # Regression (issue 15, bug 1): 2.2 contains the change of the first patch; labelled
+    # `Origin: rbln` it must never be dropped, so the review refuses like the build does and
+    # --write leaves patches/ and series as they were.
+    _relabel_as_rbln(review_fork, BACKPORT)
+    before = _snapshot(review_fork.project)
+    with pytest.raises(ForkError, match=rf"patches/{BACKPORT} \(Origin: rbln\) changes nothing"):
+        _review(review_fork, "2.2", write=True)
+    assert _snapshot(review_fork.project) == before
+    with pytest.raises(ForkError, match="never dropped silently"):
+        contained_backports(Pin.parse("2.2"), review_fork.spec(), review_fork.project)

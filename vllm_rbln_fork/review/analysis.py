@@ -24,14 +24,14 @@ from __future__ import annotations
 import difflib
 
 from .. import log
-from ..apply import Applied, trailer_drop
+from ..apply import Applied, Carried, StepKind, trailer_drop
 from ..gitrepo import Repo
 from ..pins import Pin
 from ..project import Project
 from ..series import Series, read_series
 from ..source import SourceSpec
 from ..upstream import Upstream
-from .carry import Carried, carried_series, write_series
+from .carry import carried_series, write_series
 from .difftext import FileDiff, normalized, own_lines, parse_diff
 from .model import ConflictHunk, PatchReview, Review
 from .symbols import Sources, upstream_under
@@ -104,16 +104,10 @@ def _review_one(
 ) -> PatchReview:
     repo, patch, step = src.repo, c.item.patch, c.step
     old_diff = repo.out(*DIFF, f"{c.item.commit}^", c.item.commit)
-    if step.kind == "dropped":
+    if step.kind is StepKind.DROPPED:
         return PatchReview(patch, "dropped", step.reason, old_diff=old_diff, mark="<", mark_note=step.reason)
-    if step.kind in ("upstreamed", "empty"):
-        notes: tuple[str, ...] = (f"suggest the trailer `Applied-Upstream: {target.pin}`",)
-        if step.kind == "empty":
-            notes = (
-                f"needs work: an RBLN patch (Origin: {patch.origin_kind}) that changes nothing on "
-                f"{target.pin} is never dropped silently; remove it from the series, or make it a "
-                f"backport with `Applied-Upstream: {target.pin}`",
-            )
+    if step.kind is StepKind.UPSTREAMED:
+        notes = (f"suggest the trailer `Applied-Upstream: {target.pin}`",)
         return PatchReview(
             patch,
             "upstreamed",
@@ -125,7 +119,7 @@ def _review_one(
         )
     old_files = parse_diff(old_diff)
     analysis = upstream_under(src, c, old_files, base, target, churn)
-    if step.kind == "conflict":
+    if step.kind is StepKind.CONFLICT:
         assert step.tree is not None
         hunks = tuple(h for path in step.conflicts for h in _conflict_hunks(src.text(step.tree, path), path))
         note = "conflict: no new version yet"

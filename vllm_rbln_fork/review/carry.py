@@ -5,18 +5,19 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import NamedTuple
 
 from .. import log
 from ..apply import (
     Applied,
-    Step,
-    carry_step,
+    AtConflict,
+    Carried,
+    StepKind,
+    carry,
     commit_series_on,
     conflict_work_tree,
-    patch_identity,
     resolve_instructions,
 )
 from ..gitrepo import Repo
@@ -30,21 +31,13 @@ from ..upstream import Upstream
 from .model import Review
 
 
-@dataclass(frozen=True)
-class Carried:
-    item: Applied
-    step: Step
-    before: str  # the head it was carried onto
-    commit: str | None  # the carried commit, if it applied
-
-
 class CarryRun(NamedTuple):
     repo: Repo
     scratch: Path
     base: Upstream
     target: Upstream
     built: list[Applied]
-    carried: list[Carried]
+    carried: tuple[Carried, ...]
     head: str
 
 
@@ -62,28 +55,14 @@ def carried_series(
         base = base_upstream(repo, series, target, spec, lock, scratch)
         with log.phase(f"carry {len(series.patches)} patches from vllm {base.pin} onto {pin}"):
             built = commit_series_on(repo, base, series, scratch)
-            carried, head = carry_all(repo, built, target.upstream, scratch)
-        yield CarryRun(repo, scratch, base, target.upstream, built, carried, head)
-
-
-def carry_all(repo: Repo, built: list[Applied], target: Upstream, scratch: Path) -> tuple[list[Carried], str]:
-    head = target.commit
-    carried = []
-    for item in built:
-        step = carry_step(repo, head, item, target.pin, scratch)
-        commit = None
-        if step.kind == "applied":
-            assert step.tree is not None
-            commit = repo.commit_tree(step.tree, [head], item.patch.message, patch_identity(item.patch))
-        carried.append(Carried(item, step, head, commit))
-        head = commit or head
-    return carried, head
+            result = carry(repo, built, target.upstream, scratch, at_conflict=AtConflict.GO_ON)
+        yield CarryRun(repo, scratch, base, target.upstream, built, result.carried, result.head)
 
 
 def write_series(
     repo: Repo,
     result: Review,
-    carried: list[Carried],
+    carried: tuple[Carried, ...],
     head: str,
     target: Upstream,
     project: Project,
@@ -93,9 +72,9 @@ def write_series(
 
     from ..workflow import export
 
-    first = next((i for i, c in enumerate(carried) if c.step.kind == "conflict"), None)
+    first = next((i for i, c in enumerate(carried) if c.step.kind is StepKind.CONFLICT), None)
     if first is not None:
-        rest = [c.item.commit for c in carried[first:] if c.step.kind not in ("dropped", "upstreamed")]
+        rest = [c.item.commit for c in carried[first:] if not c.step.left_out]
         with log.phase(f"leave a work tree at the conflict of {carried[first].item.patch.name}"):
             tree = conflict_work_tree(repo, target, carried[first].before, rest, project.work_dir)
         return replace(result, wrote=False, conflict_tree=tree, instructions=resolve_instructions(tree))
@@ -124,4 +103,4 @@ def contained_backports(pin: Pin, spec: SourceSpec, project: Project) -> list[tu
     series = read_series(project.series_file, project.patches_dir)
     with carried_series(pin, spec, project, series, "tripwire-") as run:
         carried = run.carried
-    return [(c.item.patch.name, c.step.reason) for c in carried if c.step.kind == "upstreamed"]
+    return [(c.item.patch.name, c.step.reason) for c in carried if c.step.kind is StepKind.UPSTREAMED]

@@ -76,11 +76,7 @@ class PatchReview:
 
     @property
     def needs_work(self) -> bool:
-        return (
-            self.status == "conflict"
-            or any(s.breaking for s in self.symbols)
-            or any("needs work" in n for n in self.notes)
-        )
+        return self.status == "conflict" or any(s.breaking for s in self.symbols)
 
 
 @dataclass(frozen=True)
