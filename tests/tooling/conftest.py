@@ -128,6 +128,16 @@ BLOCKS_2_7 = BLOCKS_2_0.replace(
     "        self.used = 0\n", "        self.used = 0\n        self.lookahead = 1\n"
 )
 
+# 2.8: blocks_for's block_size becomes keyword-only; the lookahead backport passes it by position.
+BLOCKS_2_8 = BLOCKS_2_0.replace(
+    "def blocks_for(num_tokens: int, block_size: int) -> int:",
+    "def blocks_for(num_tokens: int, *, block_size: int) -> int:",
+)
+# 2.9: free_blocks becomes positional-only; the RBLN pool passes ``used=`` by keyword.
+BLOCKS_2_9 = BLOCKS_2_0.replace(
+    "def free_blocks(total: int, used: int) -> int:", "def free_blocks(total: int, used: int, /) -> int:"
+)
+
 REVIEW_FILES: dict[str, dict[str, str]] = {
     "2.0": {"vllm/core/gate.py": GATE_1_0, "vllm/core/blocks.py": BLOCKS_2_0},
     "2.1": {"vllm/core/gate.py": GATE_1_1, "vllm/core/blocks.py": BLOCKS_2_0},
@@ -137,6 +147,8 @@ REVIEW_FILES: dict[str, dict[str, str]] = {
     "2.5": {"vllm/core/gate.py": GATE_1_1, "vllm/core/blocks.py": BLOCKS_2_5},
     "2.6": {"vllm/core/gate.py": GATE_1_1, "vllm/core/blocks.py": BLOCKS_2_6},
     "2.7": {"vllm/core/gate.py": GATE_1_1, "vllm/core/blocks.py": BLOCKS_2_7},
+    "2.8": {"vllm/core/gate.py": GATE_1_1, "vllm/core/blocks.py": BLOCKS_2_8},
+    "2.9": {"vllm/core/gate.py": GATE_1_1, "vllm/core/blocks.py": BLOCKS_2_9},
 }
 
 

@@ -156,6 +156,23 @@ def test_a_renamed_keyword_the_patch_passes_is_breaking(review_fork) -> None:
     assert result.exit_code == 1
 
 
+def test_a_parameter_made_keyword_only_breaks_a_positional_call(review_fork) -> None:
+    # Regression (issue 15, bug 2): the names stay, the kind changes; the lookahead backport
+    # calls blocks_for(num_tokens, self.block_size), which no longer binds on 2.8.
+    result = _review(review_fork, "2.8")
+    [change] = [s for s in _one(result, LOOKAHEAD).symbols if s.qualname == "blocks_for"]
+    assert change.change == "signature changed" and change.breaking
+    assert "keyword-only" in change.note and "breaking" in change.note
+    assert result.verdict == "needs work"
+
+
+def test_a_parameter_made_positional_only_breaks_a_keyword_call(review_fork) -> None:
+    # The RBLN pool calls free_blocks(self.total, used=self.used): `used` is positional-only on 2.9.
+    result = _review(review_fork, "2.9")
+    [change] = [s for s in _one(result, POOL).symbols if s.qualname == "free_blocks"]
+    assert change.breaking and "positional-only" in change.note
+
+
 def test_range_diff_marks(review_fork) -> None:
     marks = {
         pin: {p.name: p.mark for p in _review(review_fork, pin).patches} for pin in ("2.1", "2.2", "2.7")

@@ -4,12 +4,21 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 
 from ..pins import Pin
 from ..series import Patch
 
 STATUSES = ("clean", "context drift", "merged", "conflict", "upstreamed", "dropped")
+
+
+class Relation(StrEnum):
+    """How a patch relies on an upstream function or class."""
+
+    CHANGED = "changed by the patch"
+    CALLED = "called by the patch"
+    OVERRIDDEN = "overridden by the patch"
 
 
 @dataclass(frozen=True)
@@ -27,7 +36,7 @@ class SymbolChange:
 
     path: str
     qualname: str
-    relation: str  # "changed by the patch", "called by the patch", "overridden by the patch"
+    relation: Relation
     change: str  # "unchanged", "body changed", "signature changed", "removed upstream"
     old_signature: str
     new_signature: str

@@ -13,6 +13,9 @@ import builtins
 import collections
 from collections.abc import Iterable
 from dataclasses import dataclass
+from enum import StrEnum
+
+from .signatures import Param, ParamKind
 
 MODULE = "<module>"
 
@@ -25,21 +28,33 @@ COMMON_NAMES = frozenset(
 ) | {"super", "self", "cls"}
 
 
+class SymbolKind(StrEnum):
+    FUNCTION = "function"
+    CLASS = "class"
+    MODULE = "module"
+
+
 @dataclass(frozen=True)
 class Symbol:
     qualname: str
-    kind: str  # "function", "class" or "module"
+    kind: SymbolKind
     start: int  # first line (decorators included), 1-based
     end: int  # last line, inclusive
     signature: str  # "(a, b: int = 0) -> bool" for a function; "(Base)" for a class
-    params: tuple[str, ...]  # parameter names of a function, in order
-    var_keyword: bool  # the function takes **kwargs
-    required: tuple[str, ...]  # parameters without a default
+    params: tuple[Param, ...]  # a function's parameters, in order
     text: str  # what is compared between versions (see the module docstring)
+    bound: bool = False  # a method that gets its first parameter (self, cls) from the call
 
     @property
     def name(self) -> str:
         return self.qualname.rsplit(".", 1)[-1]
+
+    @property
+    def param_names(self) -> tuple[str, ...]:
+        return tuple(p.name for p in self.params)
+
+    def takes(self, kind: ParamKind) -> bool:
+        return any(p.kind is kind for p in self.params)
 
 
 @dataclass(frozen=True)
@@ -48,6 +63,9 @@ class CallSite:
     keywords: tuple[str, ...]
     line: int
     receiver: str = ""  # ``coordinator`` of ``self.coordinator.f(...)``, ``self`` of ``self.f()``
+    positional: int = 0  # how many positional arguments it passes (``*xs`` not counted)
+    star_args: bool = False  # it passes ``*xs``: how many is unknown
+    star_kwargs: bool = False  # it passes ``**kw``: which names is unknown
 
 
 @dataclass(frozen=True)
@@ -83,23 +101,33 @@ def _signature(node: ast.FunctionDef | ast.AsyncFunctionDef) -> str:
     return ("async " if isinstance(node, ast.AsyncFunctionDef) else "") + text
 
 
-def _params(node: ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[str, ...]:
-    a = node.args
-    names = [p.arg for p in (*a.posonlyargs, *a.args)]
-    if a.vararg:
-        names.append("*" + a.vararg.arg)
-    names += [p.arg for p in a.kwonlyargs]
-    if a.kwarg:
-        names.append("**" + a.kwarg.arg)
-    return tuple(names)
-
-
-def _required(node: ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[str, ...]:
+def _params(node: ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[Param, ...]:
     a = node.args
     positional = [*a.posonlyargs, *a.args]
-    without = positional[: len(positional) - len(a.defaults)]
-    kw = [p for p, d in zip(a.kwonlyargs, a.kw_defaults, strict=True) if d is None]
-    return tuple(p.arg for p in (*without, *kw))
+    defaults: list[ast.expr | None] = [None] * (len(positional) - len(a.defaults)) + list(a.defaults)
+    params = [
+        Param(
+            p.arg,
+            ParamKind.POSITIONAL_ONLY if i < len(a.posonlyargs) else ParamKind.POSITIONAL_OR_KEYWORD,
+            None if d is None else ast.unparse(d),
+        )
+        for i, (p, d) in enumerate(zip(positional, defaults, strict=True))
+    ]
+    if a.vararg:
+        params.append(Param(a.vararg.arg, ParamKind.VAR_POSITIONAL))
+    params += [
+        Param(p.arg, ParamKind.KEYWORD_ONLY, None if d is None else ast.unparse(d))
+        for p, d in zip(a.kwonlyargs, a.kw_defaults, strict=True)
+    ]
+    if a.kwarg:
+        params.append(Param(a.kwarg.arg, ParamKind.VAR_KEYWORD))
+    return tuple(params)
+
+
+def _bound(node: ast.FunctionDef | ast.AsyncFunctionDef, in_class: bool) -> bool:
+    """A method called as ``obj.m(...)`` or ``cls.m(...)`` gets its first parameter implicitly."""
+    names = {d.id if isinstance(d, ast.Name) else "" for d in node.decorator_list}
+    return in_class and "staticmethod" not in names
 
 
 def _header(lines: list[str], node: ast.ClassDef | ast.Module) -> str:
@@ -124,7 +152,7 @@ def symbols(source: str) -> dict[str, Symbol]:
         return {}
     lines = source.splitlines(keepends=True)
     found: dict[str, Symbol] = {
-        MODULE: Symbol(MODULE, "module", 1, max(len(lines), 1), "", (), False, (), _header(lines, tree))
+        MODULE: Symbol(MODULE, SymbolKind.MODULE, 1, max(len(lines), 1), "", (), _header(lines, tree))
     }
 
     def visit(body: Iterable[ast.stmt], prefix: str) -> None:
@@ -134,21 +162,20 @@ def symbols(source: str) -> dict[str, Symbol]:
                 start, end = _first_line(node), node.end_lineno or node.lineno
                 found[name] = Symbol(
                     name,
-                    "function",
+                    SymbolKind.FUNCTION,
                     start,
                     end,
                     _signature(node),
                     _params(node),
-                    node.args.kwarg is not None,
-                    _required(node),
                     _segment(lines, start, end),
+                    bound=_bound(node, in_class=bool(prefix)),
                 )
             elif isinstance(node, ast.ClassDef):
                 name = prefix + node.name
                 bases = ", ".join(ast.unparse(b) for b in node.bases)
                 start, end = _first_line(node), node.end_lineno or node.lineno
                 found[name] = Symbol(
-                    name, "class", start, end, f"({bases})", (), False, (), _header(lines, node)
+                    name, SymbolKind.CLASS, start, end, f"({bases})", (), _header(lines, node)
                 )
                 visit(node.body, name + ".")
 
@@ -160,7 +187,7 @@ def enclosing(syms: dict[str, Symbol], line: int) -> str:
     """The innermost function containing ``line``; else the innermost class; else the module."""
     best: Symbol | None = None
     for sym in syms.values():
-        if sym.kind == "module" or not sym.start <= line <= sym.end:
+        if sym.kind is SymbolKind.MODULE or not sym.start <= line <= sym.end:
             continue
         if best is None or (sym.kind, -(sym.end - sym.start)) > (best.kind, -(best.end - best.start)):
             best = sym  # "function" > "class"; then the narrowest
@@ -193,7 +220,10 @@ def calls(source: str, lines: set[int]) -> list[CallSite]:
                     if isinstance(value, ast.Name)
                     else ""
                 )
-            sites.append(CallSite(name, keywords, node.lineno, receiver))
+            positional = sum(1 for arg in node.args if not isinstance(arg, ast.Starred))
+            star_args = any(isinstance(arg, ast.Starred) for arg in node.args)
+            star_kwargs = any(k.arg is None for k in node.keywords)
+            sites.append(CallSite(name, keywords, node.lineno, receiver, positional, star_args, star_kwargs))
     return sorted(sites, key=lambda s: (s.line, s.name))
 
 
@@ -241,34 +271,3 @@ def module_files(module: str) -> tuple[str, str]:
     """The two paths a module may live at."""
     base = module.replace(".", "/")
     return f"{base}.py", f"{base}/__init__.py"
-
-
-def compatible(old: Symbol, new: Symbol) -> bool:
-    """Whether every call that worked against ``old`` still binds against ``new``:
-    nothing removed or reordered, and whatever is new has a default."""
-    kept = [p for p in new.params if p in old.params]
-    added = [p for p in new.params if p not in old.params]
-    return (
-        all(p in new.params for p in old.params)
-        and kept == list(old.params)
-        and not any(p in new.required for p in added)
-        and not any(p in new.required and p not in old.required for p in kept)
-    )
-
-
-def describe_signature_change(old: Symbol, new: Symbol) -> str:
-    """One line: what a reader must know about ``old`` -> ``new``."""
-    removed = [p for p in old.params if p not in new.params]
-    added = [p for p in new.params if p not in old.params]
-    parts = []
-    if removed:
-        parts.append("removed " + ", ".join(f"`{p}`" for p in removed))
-    if added:
-        parts.append("added " + ", ".join(f"`{p}`" for p in added))
-    if not parts:
-        kept = [p for p in old.params if p in new.params]
-        if kept != [p for p in new.params if p in old.params]:
-            parts.append("parameters reordered")
-        else:
-            parts.append("annotations, defaults or return type changed")
-    return "; ".join(parts)

@@ -9,16 +9,12 @@ from typing import Any
 
 from ..gitrepo import Repo
 from ..upstream import Upstream
-from . import pyast
+from . import pyast, signatures
 from .carry import Carried
 from .difftext import FileDiff
-from .model import SymbolChange
+from .model import Relation, SymbolChange
 
-SHORT = {
-    "changed by the patch": "edited",
-    "called by the patch": "called",
-    "overridden by the patch": "overridden",
-}
+SHORT = {Relation.CHANGED: "edited", Relation.CALLED: "called", Relation.OVERRIDDEN: "overridden"}
 MAX_NAME_MATCHES = 6  # a called name defined in more places than this is too ambiguous to follow
 
 
@@ -82,7 +78,7 @@ def upstream_under(
     """What upstream changed, old pin -> new pin, in the code the patch edits, calls or overrides."""
     commit, parent = c.item.commit, f"{c.item.commit}^"
     old, new = base.commit, target.commit
-    interest: dict[tuple[str, str], tuple[str, tuple[str, ...]]] = {}  # -> (relation, keywords)
+    interest: dict[tuple[str, str], tuple[Relation, tuple[pyast.CallSite, ...]]] = {}  # -> (relation, calls)
     calls: list[pyast.CallSite] = []
     methods: list[pyast.NewMethod] = []
     own_defs: set[str] = set()
@@ -100,7 +96,7 @@ def upstream_under(
         changed |= {pyast.enclosing(osyms, n) for n in f.removed()}
         for q in sorted(changed):
             if q in upstream_old:
-                interest.setdefault((f.path, q), ("changed by the patch", ()))
+                interest.setdefault((f.path, q), (Relation.CHANGED, ()))
             else:
                 own_defs.add(q.rsplit(".", 1)[-1])
         calls += pyast.calls(patched, f.added())
@@ -112,29 +108,31 @@ def upstream_under(
     classes: dict[str, list[tuple[str, str]]] = {}
     for path in candidates:
         for q, sym in src.symbols(old, path).items():
-            (defs if sym.kind == "function" else classes).setdefault(sym.name, []).append((path, q))
+            (defs if sym.kind is pyast.SymbolKind.FUNCTION else classes).setdefault(sym.name, []).append(
+                (path, q)
+            )
     for site in calls:
         matches = _resolve(site, defs.get(site.name, []), touched)
         if site.name in own_defs or not matches:
             continue
         for key in matches:
-            relation, keywords = interest.get(key, ("called by the patch", ()))
-            if relation == "called by the patch":
-                keywords = tuple(dict.fromkeys([*keywords, *site.keywords]))
-            interest[key] = (relation, keywords)
+            relation, sites = interest.get(key, (Relation.CALLED, ()))
+            if relation is Relation.CALLED:
+                sites = (*sites, site)
+            interest[key] = (relation, sites)
     for m in methods:
         for base_name in m.bases:
             for path, cls in classes.get(base_name, []):
                 key = (path, f"{cls}.{m.name}")
                 if key[1] in src.symbols(old, path):
-                    interest.setdefault(key, ("overridden by the patch", ()))
+                    interest.setdefault(key, (Relation.OVERRIDDEN, ()))
 
     changes: list[SymbolChange] = []
     unchanged: list[SymbolChange] = []
-    for (path, q), (relation, keywords) in interest.items():
+    for (path, q), (relation, sites) in interest.items():
         before = src.symbols(old, path)[q]
         after = src.symbols(new, path).get(q)
-        change = _compare(path, q, relation, keywords, before, after)
+        change = _compare(path, q, relation, sites, before, after)
         (changes if change.change != "unchanged" else unchanged).append(change)
     elsewhere = []
     for path in touched:
@@ -181,12 +179,12 @@ def _resolve(
 def _compare(
     path: str,
     q: str,
-    relation: str,
-    keywords: tuple[str, ...],
+    relation: Relation,
+    sites: tuple[pyast.CallSite, ...],
     before: pyast.Symbol,
     after: pyast.Symbol | None,
 ) -> SymbolChange:
-    relied_on = relation != "changed by the patch"
+    relied_on = relation is not Relation.CHANGED
     if after is None:
         return SymbolChange(
             path,
@@ -201,17 +199,25 @@ def _compare(
             flagged=relied_on,
             breaking=relied_on,
         )
-    lost = [k for k in keywords if k in before.params and k not in after.params and not after.var_keyword]
-    note = f"the patch passes {', '.join(f'`{k}=`' for k in lost)}: no longer a parameter" if lost else ""
-    if before.kind == "function" and before.signature != after.signature:
-        # An override must accept whatever callers may now pass to the base: any change breaks it.
-        fits = pyast.compatible(before, after) and not lost and relation != "overridden by the patch"
-        described = pyast.describe_signature_change(before, after)
-        if relation == "overridden by the patch":
+    if before.kind is pyast.SymbolKind.FUNCTION and before.signature != after.signature:
+        described = signatures.describe_signature_change(before, after)
+        problems: list[str] = []
+        if relation is Relation.OVERRIDDEN:
+            # An override must accept whatever callers may now pass to the base: any change breaks it.
+            breaking = True
             described += " (the override must follow)"
+        elif relation is Relation.CALLED:
+            # The patch's own calls, bound as Python binds them; one with *xs or **kw cannot be
+            # bound statically and is judged by griffe's rules for any caller.
+            verdicts = [(site, signatures.call_binds(site, before, after)) for site in sites]
+            problems = [f"the patch's call on line {site.line}: {why}" for site, why in verdicts if why]
+            unknown = any(why == "" for _, why in verdicts)
+            breaking = bool(problems) or (unknown and not signatures.compatible(before, after))
+            described += " (breaking)" if breaking else " (compatible: the patch's calls still bind)"
         else:
-            described += " (compatible: existing calls still bind)" if fits else " (breaking)"
-        note = "; ".join(x for x in (described, note) if x)
+            breaking = False
+            fits = signatures.compatible(before, after)
+            described += " (compatible: existing calls still bind)" if fits else " (breaking for callers)"
         return SymbolChange(
             path,
             q,
@@ -219,27 +225,17 @@ def _compare(
             "signature changed",
             before.signature,
             after.signature,
-            note,
+            "; ".join([described, *problems]),
             before.text,
             after.text,
-            flagged=relied_on or bool(lost),
-            breaking=(relied_on and not fits) or bool(lost),
+            flagged=relied_on,
+            breaking=breaking,
         )
     if before.text != after.text:
         what = {"class": "class header changed", "module": "module-level code changed"}.get(
             before.kind, "body changed"
         )
         return SymbolChange(
-            path,
-            q,
-            relation,
-            what,
-            before.signature,
-            after.signature,
-            note,
-            before.text,
-            after.text,
-            flagged=bool(lost),
-            breaking=bool(lost),
+            path, q, relation, what, before.signature, after.signature, "", before.text, after.text, False
         )
     return SymbolChange(path, q, relation, "unchanged", before.signature, after.signature, "", "", "", False)
