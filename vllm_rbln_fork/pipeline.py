@@ -7,9 +7,10 @@ reaches dist/, and builds on one machine are serialised by a lock.
 from __future__ import annotations
 
 import hashlib
+import platform
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -142,11 +143,39 @@ def apply_series(
     return result
 
 
-def cache_key(source_identity: str, series: Series, pin: Pin) -> str:
+PACKAGE_DIR = Path(__file__).resolve().parent
+KEY_FORMAT = "wheel-cache-2"  # bump when the key's parts change meaning
+
+
+def tool_fingerprint(package: Path = PACKAGE_DIR) -> str:
+    """sha256 over the tool's own source files (their paths and bytes): any change to the
+    code that makes a wheel gives another cache key."""
     digest = hashlib.sha256()
-    for part in (__version__, source_identity, series.fingerprint, str(pin), sha256_of(TOOLS_LOCK)):
+    for path in sorted(package.rglob("*.py")):
+        digest.update(path.relative_to(package).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def cache_key(parts: Iterable[str]) -> str:
+    """The wheel cache's key: a hash of every input to the wheel, in order."""
+    digest = hashlib.sha256()
+    for part in parts:
         digest.update(part.encode() + b"\0")
     return digest.hexdigest()
+
+
+def key_parts(source_identity: str, series: Series, pin: Pin) -> list[str]:
+    """What a wheel depends on: the source, the series, the pin, and the tool that builds it
+    (its code, its Python, its lock)."""
+    return [
+        KEY_FORMAT,
+        source_identity,
+        series.fingerprint,
+        str(pin),
+        tool_fingerprint(),
+        platform.python_version(),
+        sha256_of(TOOLS_LOCK),
+    ]
 
 
 def build(pin: Pin, spec: SourceSpec, project: Project, *, use_cache: bool = True) -> BuildResult:
@@ -160,13 +189,13 @@ def build(pin: Pin, spec: SourceSpec, project: Project, *, use_cache: bool = Tru
         if spec.is_canonical:
             with log.phase(f"source vllm {pin}"):
                 fetched = fetch_sdist(pin, spec, lock)
-            key = cache_key(fetched[1], series, pin)
+            key = cache_key(key_parts(fetched[1], series, pin))
             if use_cache and (hit := _cached(key, project, pin)):
                 return hit
         repo = Repo(upstream_repo_dir())
         target = prepare(repo, pin, spec, lock, scratch, fetched)
         if key is None:
-            key = cache_key(repo.tree_of(target.upstream.commit), series, pin)
+            key = cache_key(key_parts(repo.tree_of(target.upstream.commit), series, pin))
             if use_cache and (hit := _cached(key, project, pin)):
                 return hit
         result = apply_series(repo, series, target, spec, lock, scratch, project)
@@ -238,7 +267,7 @@ def _cached(key: str, project: Project, pin: Pin) -> BuildResult | None:
         return None
     # Keep the release ledger whole even if it was reverted since the first build.
     release_number(project.releases_file, pin, manifest.patched_tree)
-    log.info(f"cache hit: {manifest.wheel_file} (same sdist, series and tool version)")
+    log.info(f"cache hit: {manifest.wheel_file} (same source, series, tool code, Python and lock)")
     return _install_into_dist(entry, project, cached=True)
 
 

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
 import pytest
 
+from vllm_rbln_fork.paths import PROJECT_ROOT
 from vllm_rbln_fork.pins import Pin
 from vllm_rbln_fork.pipeline import build
 
@@ -65,6 +70,41 @@ def test_second_build_is_a_cache_hit(fork) -> None:
     first = build(Pin.parse("1.0"), fork.spec(), fork.project)
     second = build(Pin.parse("1.0"), fork.spec(), fork.project)
     assert second.cached and second.manifest.wheel_sha256 == first.manifest.wheel_sha256
+
+
+BUILD_IN_A_COPY = """
+import sys
+from pathlib import Path
+from vllm_rbln_fork.paths import PROJECT_ROOT
+from vllm_rbln_fork.pins import Pin
+from vllm_rbln_fork.pipeline import build
+from vllm_rbln_fork.project import Project
+from vllm_rbln_fork.source import SourceSpec
+result = build(Pin.parse("1.0"), SourceSpec("index", sys.argv[1]), Project(Path(sys.argv[2])))
+print("cached" if result.cached else "built")
+"""
+
+
+def test_a_change_to_the_tool_code_is_not_hidden_by_a_cache_hit(fork, tmp_path) -> None:
+    # Regression (issue 15, bug 3): the key named __version__, which never changes, so a fix
+    # to the repack or the manifest was served the old wheel from the cache.
+    copy = tmp_path / "tool"
+    shutil.copytree(
+        PROJECT_ROOT / "vllm_rbln_fork", copy / "vllm_rbln_fork", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    shutil.copytree(PROJECT_ROOT / "requirements", copy / "requirements")
+
+    def run() -> str:
+        args = [sys.executable, "-c", BUILD_IN_A_COPY, fork.index.url, str(fork.project.root)]
+        env = {**os.environ, "PYTHONPATH": str(copy), "PYTHONDONTWRITEBYTECODE": "1"}
+        done = subprocess.run(args, env=env, cwd=copy, check=True, capture_output=True, text=True)
+        return done.stdout.split()[-1]
+
+    assert run() == "built"
+    assert run() == "cached"
+    wheel_py = copy / "vllm_rbln_fork" / "wheel.py"
+    wheel_py.write_text(wheel_py.read_text() + "\n# a fix to the repack\n")
+    assert run() == "built"
 
 
 def test_release_number_is_kept_per_tree_and_bumped_for_new_content(fork) -> None:
