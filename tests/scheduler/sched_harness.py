@@ -155,6 +155,11 @@ class Driver:
     accept: Callable[[str, int], int] = lambda req_id, num_drafts: 0
     # Async KV loads finish after this many steps (None: never on their own).
     async_load_steps: int | None = 1
+    # Per request: its async KV load finishes after this many steps instead.
+    load_steps: dict[str, int] = field(default_factory=dict)
+    # DP prefill throttling: `schedule(throttle_prefills=throttle(step))`,
+    # as the engine core calls it on a cadence (step counts from 0).
+    throttle: Callable[[int], bool] | None = None
     steps: list[StepRecord] = field(default_factory=list)
     preemptions: dict[str, int] = field(default_factory=dict)
     finished: set[str] = field(default_factory=set)
@@ -171,7 +176,10 @@ class Driver:
         from vllm.v1.request import RequestStatus
 
         scheduler = self.scheduler
-        output = scheduler.schedule()
+        if self.throttle is None:
+            output = scheduler.schedule()
+        else:
+            output = scheduler.schedule(throttle_prefills=self.throttle(len(self.steps)))
         record = self._record(output)
         for req_id in record.preempted_req_ids:
             self.preemptions[req_id] = self.preemptions.get(req_id, 0) + 1
@@ -194,7 +202,8 @@ class Driver:
             if request.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
                 waited = self._loading.get(req_id, 0) + 1
                 self._loading[req_id] = waited
-                if self.async_load_steps is not None and waited >= (self.async_load_steps):
+                load_steps = self.load_steps.get(req_id, self.async_load_steps)
+                if load_steps is not None and waited >= load_steps:
                     finished_recving.add(req_id)
         for req_id in finished_recving:
             del self._loading[req_id]
