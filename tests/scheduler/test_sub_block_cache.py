@@ -298,3 +298,115 @@ def test_admission_retries_once_without_the_sub_block_match() -> None:
     driver.run(20)
     assert "B" in driver.finished
     h.assert_all_blocks_free(scheduler)
+
+
+# --- Connectors that key their store on block hashes (issue 14, bug 4).
+
+
+def offloading_connector(children: int = 0) -> Any:
+    """The real OffloadingConnector with its CPU spec (1 MiB of CPU blocks),
+    or a MultiConnector holding it after `children` Mock connectors."""
+    from vllm.config import KVTransferConfig
+
+    offloading = {
+        "kv_connector": "OffloadingConnector",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": {"cpu_bytes_to_use": 1 << 20},
+    }
+    if not children:
+        return KVTransferConfig(**offloading)
+    mock = {
+        "kv_connector": "MockKVConnector",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": {"matched_tokens": 0, "is_async": False},
+    }
+    return KVTransferConfig(
+        kv_connector="MultiConnector",
+        kv_role="kv_both",
+        kv_connector_extra_config={"connectors": [mock] * children + [offloading]},
+    )
+
+
+def make_with_transfer_config(settings: dict[str, Any] | None, kv_transfer_config: Any) -> Any:
+    from tests.v1.core.utils import create_scheduler
+
+    rbln = h.rbln_scheduler_factory(settings)
+
+    def factory(*, vllm_config: Any, **kwargs: Any) -> Any:
+        vllm_config.kv_transfer_config = kv_transfer_config
+        # As vLLM's config does for a connector without HMA support (the
+        # Mock child of the MultiConnector); one full-attention group needs
+        # no hybrid manager.
+        vllm_config.scheduler_config.disable_hybrid_kv_cache_manager = True
+        return rbln(vllm_config=vllm_config, **kwargs)
+
+    return create_scheduler(
+        scheduler_cls=factory,  # type: ignore[arg-type]
+        block_size=BLOCK,
+        num_blocks=20,
+        max_num_batched_tokens=CHUNK,
+        max_model_len=256,
+        enable_prefix_caching=True,
+    )
+
+
+def offload_keys(
+    scheduler: Any, prompts: dict[str, list[int]], hash_block_size: int
+) -> dict[str, list[bytes]]:
+    """The keys the OffloadingConnector computes for each prompt's blocks
+    (at admission, from `request.block_hashes`)."""
+    driver = h.Driver(scheduler)
+    for req_id, tokens in prompts.items():
+        driver.add(h.make_request(req_id, tokens, max_tokens=2, hash_block_size=hash_block_size))
+    keys: dict[str, list[bytes]] = {}
+    states = scheduler.connector.connector_scheduler._req_status
+    for _ in range(12):
+        driver.step()
+        for req_id, state in states.items():
+            if state.group_states[0].offload_keys:
+                keys[req_id] = list(state.group_states[0].offload_keys)
+    assert keys.keys() == prompts.keys()
+    return keys
+
+
+@pytest.mark.parametrize("children", [0, 1], ids=["offloading", "multi"])
+@pytest.mark.parametrize("sub_block_size", [4, 8])
+def test_hash_keyed_connector_with_sub_blocks_is_refused(children: int, sub_block_size: int) -> None:
+    """The OffloadingConnector takes one key per 16-token block from the
+    request's hashes, believing them 16 tokens apart; with sub-block hashes
+    the key of tokens 0-15 is the hash of tokens 0-3 (the review's repro:
+    two prompts sharing only 4 tokens got the same key). Refused at
+    construction, naming the connector and the ways out."""
+    from vllm.v1.core.sched.rbln_sub_block import SubBlockCacheConfigError
+
+    with pytest.raises(SubBlockCacheConfigError) as error:
+        make_with_transfer_config(h.sub_block_settings(sub_block_size), offloading_connector(children))
+    message = str(error.value)
+    assert "OffloadingConnector" in message
+    assert f"sub_block_size={sub_block_size}" in message
+    assert "turn sub-block caching off" in message and "sub_block_size=16" in message
+
+
+@pytest.mark.parametrize(
+    "settings", [None, h.sub_block_settings(BLOCK)], ids=["sub-block-off", "sub-block-equals-block"]
+)
+def test_hash_keyed_connector_gets_one_key_per_block(settings: dict[str, Any] | None) -> None:
+    """Where the request hashes are one per block, the real connector runs
+    and its keys tell prompts apart exactly by their first block: equal for
+    two prompts sharing tokens 0-15, different for two sharing only 0-3."""
+    scheduler = make_with_transfer_config(settings, offloading_connector())
+    assert type(scheduler.connector).__name__ == "OffloadingConnector"
+    head = prompt(4, seed=1)
+    block = head + prompt(12, seed=2)
+    keys = offload_keys(
+        scheduler,
+        {
+            "a": block + prompt(8, seed=3),
+            "b": block + prompt(8, seed=4),
+            "c": head + prompt(20, seed=5),
+        },
+        hash_block_size=BLOCK,
+    )
+    assert [len(k) for k in keys.values()] == [1, 1, 1]
+    assert keys["a"][0] == keys["b"][0]
+    assert keys["c"][0] != keys["a"][0]
