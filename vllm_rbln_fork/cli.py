@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from rich.console import Console
@@ -58,7 +59,7 @@ def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="build.py",
         description="Build an RBLN wheel of vLLM from a pinned release and the patch series.",
-        epilog="Other commands: 'build.py checkout', 'build.py export', 'build.py test' (each with --help).",
+        epilog="Other commands: " + ", ".join(f"'build.py {c}'" for c in COMMANDS) + " (each with --help).",
     )
     parser.add_argument("--pin", required=True, help="the vLLM release to build, e.g. 0.31.0")
     parser.add_argument("--index-url", help="PEP 503/691 index to fetch the sdist from (default: pip's)")
@@ -119,22 +120,36 @@ def _export_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _run_tests(argv: list[str]) -> int:
+    from .testing.runner import run_tests
+
+    return run_tests(argv)
+
+
+def _run_lint(argv: list[str]) -> int:
+    from .testing.lint import run_lint
+
+    return run_lint(argv)
+
+
+# The commands besides the build (``build.py --pin ...``); --help lists them from here.
+COMMANDS: dict[str, Callable[[list[str]], int]] = {
+    "checkout": lambda argv: _checkout(_checkout_parser().parse_args(argv)),
+    "export": lambda argv: _export(_export_parser().parse_args(argv)),
+    "yank": lambda argv: _yank(_yank_parser().parse_args(argv)),
+    "test": _run_tests,
+    "lint": _run_lint,
+}
+
+
 def main(argv: list[str]) -> int:
     log.set_reporter(RichReporter())
-    command = argv[0] if argv and not argv[0].startswith("-") else "build"
+    command = argv[0] if argv and not argv[0].startswith("-") else None
     try:
-        if command == "build":
+        if command is None:
             return _build(_build_parser().parse_args(argv))
-        if command == "checkout":
-            return _checkout(_checkout_parser().parse_args(argv[1:]))
-        if command == "export":
-            return _export(_export_parser().parse_args(argv[1:]))
-        if command == "yank":
-            return _yank(_yank_parser().parse_args(argv[1:]))
-        if command == "test":
-            from .testing.runner import run_tests
-
-            return run_tests(argv[1:])
+        if command in COMMANDS:
+            return COMMANDS[command](argv[1:])
         _build_parser().error(f"unknown command {command!r}")
     except ForkError as exc:
         console.print(f"[bold red]error:[/bold red] {exc}")

@@ -31,7 +31,7 @@ from .source import SourceSpec, clone_ref, copy_tree, fetch_sdist, unpack_sdist
 from .upstream import Upstream, find, import_tree
 from .wheel import build_wheel
 
-TOOLS_LOCK = PROJECT_ROOT / "requirements" / "tools.lock"
+BUILD_LOCK = PROJECT_ROOT / "requirements" / "build.lock"
 
 
 @dataclass(frozen=True)
@@ -174,7 +174,7 @@ def key_parts(source_identity: str, series: Series, pin: Pin) -> list[str]:
         str(pin),
         tool_fingerprint(),
         platform.python_version(),
-        sha256_of(TOOLS_LOCK),
+        sha256_of(BUILD_LOCK),
     ]
 
 

@@ -44,7 +44,12 @@ def build_wheel(tree: Path, version: str, epoch: int, manifest: BuildManifest, o
         with tempfile.TemporaryDirectory(prefix="wheel-", dir=out_dir) as tmp:
             raw_dir = Path(tmp) / "raw"
             proc.run(
-                [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", raw_dir, tree],
+                # --skip-dependency-check: the build lock holds what an empty build uses, not
+                # cmake and ninja (vLLM's build-system.requires), which only compile kernels.
+                [
+                    *(sys.executable, "-m", "build", "--wheel", "--no-isolation", "--skip-dependency-check"),
+                    *("--outdir", raw_dir, tree),
+                ],
                 env=build_env(version, epoch),
                 cwd=tree,
                 hint="vLLM's setup.py failed on the patched tree; its output is above.",

@@ -259,7 +259,7 @@ def uv_binary() -> str:
         from uv import find_uv_bin  # type: ignore[import-not-found]
     except ImportError:
         raise AssertionError(
-            "uv is not installed in the test environment; add uv to requirements/tools.lock "
-            "(the upload tier installs with uv as well as pip)."
+            "uv is not installed in the test environment; add uv to requirements/test.in and run "
+            "requirements/compile.sh (the upload tier installs with uv as well as pip)."
         ) from None
     return str(find_uv_bin())

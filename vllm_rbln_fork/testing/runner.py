@@ -78,7 +78,7 @@ def vllm_venv(wheel: Path) -> Path:
     if not (env_dir / ".complete").exists():
         with log.phase(f"make the vLLM test venv {env_dir}"):
             proc.run([sys.executable, "-m", "venv", "--clear", env_dir])
-            proc.run([python, "-m", "pip", "install", "--quiet", "-r", VLLM_TEST_LOCK])
+            proc.run([python, "-m", "pip", "install", "--quiet", "--require-hashes", "-r", VLLM_TEST_LOCK])
             (env_dir / ".complete").write_text("")
     installed = env_dir / ".wheel-sha256"
     digest = sha256_of(wheel)
