@@ -8,20 +8,12 @@ from types import ModuleType
 
 import pytest
 
-from vllm_rbln_fork import log
-
 # The suite has no packages (--import-mode=importlib): shared test kits live in tests/support.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
 import indexkit
+from checks import recorder  # noqa: F401 (a fixture)
 
 
 @pytest.fixture(scope="session")
 def kit() -> ModuleType:
     return indexkit
-
-
-@pytest.fixture
-def reporter() -> log.RecordingReporter:
-    rec = log.RecordingReporter()
-    log.set_reporter(rec)
-    return rec

@@ -64,14 +64,14 @@ def test_upload_then_install_with_pip_and_uv(kit: ModuleType, server, tmp_path: 
 
 
 def test_same_bytes_is_a_no_op_and_other_bytes_conflict(
-    kit: ModuleType, server, tmp_path: Path, reporter: log.RecordingReporter
+    kit: ModuleType, server, tmp_path: Path, recorder: log.RecordingReporter
 ) -> None:
     wheel = kit.make_wheel(tmp_path / "dist", "0.31.0+rbln.2")
     publish(wheel, server.url)
 
     again = publish(kit.make_wheel(tmp_path / "rebuilt", "0.31.0+rbln.2"), server.url)
     assert again.already_published
-    assert any("already on" in m and "same bytes" in m for m in reporter.messages("info"))
+    assert any("already on" in m and "same bytes" in m for m in recorder.messages("info"))
 
     impostor = kit.make_wheel(tmp_path / "impostor", "0.31.0+rbln.2", body="# other patches")
     with pytest.raises(IndexConflict, match="never replaced"):
@@ -80,7 +80,7 @@ def test_same_bytes_is_a_no_op_and_other_bytes_conflict(
 
 
 def test_a_refusal_by_the_server_is_a_conflict_too(
-    kit: ModuleType, server, tmp_path: Path, reporter: log.RecordingReporter
+    kit: ModuleType, server, tmp_path: Path, recorder: log.RecordingReporter
 ) -> None:
     """When the pages cannot be read first, the server's own 409 still stops an overwrite."""
     wheel = kit.make_wheel(tmp_path / "dist", "0.31.0+rbln.3")
@@ -91,12 +91,12 @@ def test_a_refusal_by_the_server_is_a_conflict_too(
     with pytest.raises(IndexConflict, match="already there"):
         publish(impostor, server.url, index_url=unreadable)
 
-    assert any("cannot check" in m for m in reporter.messages("warn"))
+    assert any("cannot check" in m for m in recorder.messages("warn"))
     assert (server.packages / wheel.name).read_bytes() == wheel.read_bytes()
 
 
 def test_credentials_never_reach_a_command_line_or_a_log(
-    kit: ModuleType, server, tmp_path: Path, reporter: log.RecordingReporter, monkeypatch: pytest.MonkeyPatch
+    kit: ModuleType, server, tmp_path: Path, recorder: log.RecordingReporter, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     command_lines: list[list[str]] = []
     real_run = publish_module.proc.run
@@ -115,5 +115,5 @@ def test_credentials_never_reach_a_command_line_or_a_log(
     assert not [c for c in command_lines if any(SECRET in part for part in c)]
     assert SECRET not in str(failed.value) and SECRET not in " ".join(failed.value.cmd)
     assert "TWINE_PASSWORD" in str(failed.value)  # the way out is named
-    assert not [text for _, text in reporter.events if SECRET in text]
+    assert not [text for _, text in recorder.events if SECRET in text]
     assert SECRET not in server.log()

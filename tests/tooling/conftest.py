@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from vllm_rbln_fork import log
-
 # The suite has no packages (--import-mode=importlib): shared test kits live in tests/support.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
+from checks import recorder  # noqa: F401 (a fixture)
+
 from vllm_rbln_fork.gitrepo import Repo
 from vllm_rbln_fork.pins import Pin
 from vllm_rbln_fork.project import Project
@@ -216,13 +216,6 @@ def isolated_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     cache = tmp_path / "cache"
     monkeypatch.setenv("VLLM_RBLN_FORK_CACHE", str(cache))
     return cache
-
-
-@pytest.fixture
-def recorder() -> log.RecordingReporter:
-    reporter = log.RecordingReporter()
-    log.set_reporter(reporter)
-    return reporter
 
 
 BACKPORT_MSG = """\

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import multiprocessing
+import queue as queue_module
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +21,7 @@ from vllm_rbln_fork.errors import (
     SourceHashMismatch,
     UnsafeSource,
 )
+from vllm_rbln_fork.files import sha256_of
 from vllm_rbln_fork.paths import downloads_dir
 from vllm_rbln_fork.pins import Pin
 from vllm_rbln_fork.pipeline import build
@@ -142,30 +146,84 @@ def test_interrupted_download_is_recovered_by_the_next_run(fork) -> None:
     assert result.wheel.exists()
 
 
-def _build_in_process(root: str, cache: str, url: str, queue: multiprocessing.Queue) -> None:
+class _Reporting:
+    """A reporter for a build in another process: sends each event, with the time, to a queue."""
+
+    def __init__(self, name: str, queue: multiprocessing.Queue) -> None:
+        self.name, self.queue = name, queue
+
+    def phase_start(self, phase: str) -> None:
+        self.queue.put((self.name, "phase", phase, time.monotonic()))
+
+    def phase_end(self, phase: str, seconds: float) -> None:
+        pass
+
+    def message(self, level: str, text: str) -> None:
+        self.queue.put((self.name, level, text, time.monotonic()))
+
+    def progress(self, task: str, done: int, total: int | None) -> None:
+        pass
+
+
+def _build_in_process(name: str, root: str, cache: str, url: str, queue: multiprocessing.Queue) -> None:
     import os
 
+    from vllm_rbln_fork import log
     from vllm_rbln_fork.project import Project
 
     os.environ["VLLM_RBLN_FORK_CACHE"] = cache
+    log.set_reporter(_Reporting(name, queue))
     result = build(Pin.parse("1.0"), SourceSpec("index", url), Project(Path(root)), use_cache=False)
-    queue.put(result.manifest.wheel_sha256)
+    queue.put((name, "done", result.manifest.wheel_sha256, time.monotonic()))
 
 
 def test_two_builds_at_once_are_serialised(fork, isolated_cache) -> None:
+    """While one build holds the machine's build lock, another waits (and says so) and does
+    nothing; the two builds' work never overlaps; dist/ ends whole."""
+    from vllm_rbln_fork.pipeline import build_lock
+
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
-    args = (str(fork.project.root), str(isolated_cache), fork.index.url, queue)
-    procs = [ctx.Process(target=_build_in_process, args=args) for _ in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=240)
-    assert [p.exitcode for p in procs] == [0, 0]
-    first, second = queue.get(timeout=5), queue.get(timeout=5)
-    assert first == second
-    [wheel] = [p for p in _dist(fork) if p.suffix == ".whl"]
-    from vllm_rbln_fork.files import sha256_of
+    events: list[tuple[str, str, str, float]] = []
 
-    assert sha256_of(wheel) == first
+    def wait_for(predicate, what: str) -> None:
+        deadline = time.monotonic() + 120
+        while not any(predicate(e) for e in events):
+            assert time.monotonic() < deadline, f"timed out waiting for {what}; events: {events}"
+            with contextlib.suppress(queue_module.Empty):
+                events.append(queue.get(timeout=1))
+
+    procs = {
+        name: ctx.Process(
+            target=_build_in_process,
+            args=(name, str(fork.project.root), str(isolated_cache), fork.index.url, queue),
+        )
+        for name in ("a", "b")
+    }
+    with build_lock():  # held here: both builds must wait for it
+        for p in procs.values():
+            p.start()
+        for name in procs:
+            wait_for(lambda e, n=name: e[0] == n and "waiting for it to finish" in e[2], f"{name} to wait")
+        time.sleep(1)
+        assert all(p.is_alive() for p in procs.values())
+        assert not [e for e in events if e[1] in ("phase", "done")]  # neither started its work
+    for p in procs.values():
+        p.join(timeout=240)
+    assert [p.exitcode for p in procs.values()] == [0, 0]
+    while not queue.empty() or sum(e[1] == "done" for e in events) < 2:
+        events.append(queue.get(timeout=5))
+    spans = {
+        name: (
+            min(e[3] for e in events if e[0] == name and e[1] == "phase"),
+            next(e[3] for e in events if e[0] == name and e[1] == "done"),
+        )
+        for name in procs
+    }
+    first, second = sorted(spans.values())
+    assert first[1] <= second[0], f"the two builds overlapped: {spans}"
+    digests = {e[2] for e in events if e[1] == "done"}
+    [wheel] = [p for p in _dist(fork) if p.suffix == ".whl"]
+    assert digests == {sha256_of(wheel)}
     assert not [p for p in fork.project.dist_dir.iterdir() if p.name.startswith(".")]
+

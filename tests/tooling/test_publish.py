@@ -29,13 +29,6 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
-def reporter() -> log.RecordingReporter:
-    rec = log.RecordingReporter()
-    log.set_reporter(rec)
-    return rec
-
-
-@pytest.fixture
 def wheel(tmp_path: Path) -> Path:
     return kit.make_wheel(tmp_path / "dist")
 
@@ -129,7 +122,7 @@ def test_versions_are_sorted_and_both_formats_agree(tmp_path: Path, index: Path)
 
 
 def test_republishing_the_same_bytes_is_a_no_op(
-    wheel: Path, index: Path, tmp_path: Path, reporter: log.RecordingReporter
+    wheel: Path, index: Path, tmp_path: Path, recorder: log.RecordingReporter
 ) -> None:
     publish(wheel, str(index))
     before = kit.snapshot(index)
@@ -140,7 +133,7 @@ def test_republishing_the_same_bytes_is_a_no_op(
 
     assert result.already_published
     assert kit.snapshot(index) == before
-    assert any("already published with the same bytes" in m for m in reporter.messages("info"))
+    assert any("already published with the same bytes" in m for m in recorder.messages("info"))
 
 
 def test_different_bytes_under_a_published_name_conflict_and_change_nothing(
