@@ -1,11 +1,18 @@
-"""Small file helpers shared by every stage: hashing, and writes that never leave half a file."""
+"""Small file helpers shared by every stage: hashing, writes that never leave half a file, and
+reading our TOML files with errors that name the file and the line.
+
+Standard library only (build.py's bootstrap may use it before any package is installed)."""
 
 from __future__ import annotations
 
 import hashlib
 import os
+import re
 import tempfile
+import tomllib
 from pathlib import Path
+
+from .errors import ForkError
 
 
 def sha256_of(path: Path) -> str:
@@ -27,3 +34,26 @@ def write_atomic(path: Path, data: str | bytes) -> None:
     except BaseException:
         os.unlink(tmp)
         raise
+
+
+def read_toml(
+    path: Path, *, missing_ok: bool = True, error: type[ForkError] = ForkError
+) -> dict[str, object]:
+    """``path`` parsed as TOML (``{}`` if it does not exist and ``missing_ok``); a malformed
+    file raises ``error`` naming the file and the line, and nothing is written."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        if missing_ok:
+            return {}
+        raise error(f"{path} does not exist.") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        where = re.search(r"\(at line (\d+), column (\d+)\)", str(exc))
+        at = f", line {where[1]}, column {where[2]}" if where else ""
+        reason = re.sub(r"\s*\(at .*?\)$", "", str(exc))
+        raise error(
+            f"{path}{at}: not valid TOML ({reason}). Fix that line, or restore the file from git "
+            f"(git checkout -- {path.name}) if it was not meant to change."
+        ) from None

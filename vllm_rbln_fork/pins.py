@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
 import tomli_w
 from packaging.version import InvalidVersion, Version
 
-from .errors import BadPin, SourceHashMismatch
-from .files import write_atomic
+from .errors import BadPin, ForkError, SourceHashMismatch
+from .files import read_toml, write_atomic
 from .paths import PROJECT_ROOT
 
 PINS_LOCK = PROJECT_ROOT / "pins.lock"
@@ -58,11 +57,23 @@ class PinsLock:
         self.path = path
 
     def _read(self) -> dict[str, dict[str, object]]:
-        if not self.path.exists():
-            return {}
-        with self.path.open("rb") as f:
-            data = tomllib.load(f)
-        return dict(data.get("vllm", {}))
+        """The ``[vllm."<pin>"]`` tables, each checked to have a text ``filename`` and ``sha256``."""
+        entries = read_toml(self.path).get("vllm", {})
+        if not isinstance(entries, dict):
+            raise ForkError(f"{self.path}: 'vllm' must be a table of pins; restore the file from git.")
+        for pin, entry in entries.items():
+            if not (
+                isinstance(entry, dict)
+                and isinstance(entry.get("filename"), str)
+                and isinstance(entry.get("sha256"), str)
+                and isinstance(entry.get("size", 0), int)
+            ):
+                raise ForkError(
+                    f'{self.path}: the entry of vllm {pin} ({entry!r}) needs filename = "..." and '
+                    f'sha256 = "..." (and an optional whole-number size). Restore the file from git '
+                    f"(git checkout -- {self.path.name}), or delete the entry to record it again."
+                )
+        return dict(entries)
 
     def get(self, pin: Pin) -> LockedSdist | None:
         entry = self._read().get(str(pin))

@@ -6,12 +6,12 @@ same tree always gets its number back; a new tree gets the next one.
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 
 import tomli_w
 
-from .files import write_atomic
+from .errors import ForkError
+from .files import read_toml, write_atomic
 from .pins import Pin
 
 HEADER = (
@@ -21,10 +21,25 @@ HEADER = (
 
 
 def _read(path: Path) -> list[dict[str, object]]:
-    if not path.exists():
-        return []
-    with path.open("rb") as f:
-        return list(tomllib.load(f).get("release", []))
+    """Every ``[[release]]`` entry, each checked to be ``pin`` (text), ``n`` (> 0), ``tree`` (text)."""
+    releases = read_toml(path).get("release", [])
+    if not isinstance(releases, list):
+        raise ForkError(f"{path}: 'release' must be an array of tables ([[release]]); restore it from git.")
+    for index, entry in enumerate(releases, start=1):
+        ok = (
+            isinstance(entry, dict)
+            and isinstance(entry.get("pin"), str)
+            and isinstance(entry.get("tree"), str)
+            and isinstance(entry.get("n"), int)
+            and entry["n"] > 0
+        )
+        if not ok:
+            raise ForkError(
+                f'{path}: [[release]] entry {index} ({entry!r}) needs pin = "<version>", n = <number '
+                f'> 0> and tree = "<git tree id>". Restore the file from git (git checkout -- '
+                f"{path.name}); release numbers are never edited by hand."
+            )
+    return releases
 
 
 def release_number(path: Path, pin: Pin, tree: str) -> tuple[int, bool]:

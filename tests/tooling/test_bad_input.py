@@ -227,3 +227,25 @@ def test_two_builds_at_once_are_serialised(fork, isolated_cache) -> None:
     assert digests == {sha256_of(wheel)}
     assert not [p for p in fork.project.dist_dir.iterdir() if p.name.startswith(".")]
 
+
+@pytest.mark.parametrize(
+    ("name", "text", "says"),
+    [
+        ("pins.lock", '[vllm."1.0"]\nfilename = "vllm-1.0.tar.gz"\nsha256 = \n', "line 3"),
+        ("pins.lock", '[vllm."1.0"]\nfilename = "vllm-1.0.tar.gz"\n', "needs filename"),
+        ("fork-releases.toml", '[[release]]\npin = "1.0"\nn = 1\ntree = "abc\n', "line 4"),
+        ("fork-releases.toml", '[[release]]\npin = "1.0"\nn = "one"\ntree = "abc"\n', "entry 1"),
+    ],
+)
+def test_a_malformed_project_file_is_named_with_its_line(fork, monkeypatch, capsys, name, text, says) -> None:
+    from vllm_rbln_fork.project import Project
+
+    monkeypatch.setattr(Project, "default", classmethod(lambda cls: fork.project))
+    if name == "fork-releases.toml":  # the sdist is recorded in pins.lock first, as in a real build
+        build(Pin.parse("1.0"), fork.spec(), fork.project)
+    path = fork.project.root / name
+    path.write_text(text)
+    assert cli.main(["--pin", "1.0", "--index-url", fork.index.url, "--no-cache"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and name in err and says in err and "git checkout" in err
+    assert path.read_text() == text  # nothing was written over it

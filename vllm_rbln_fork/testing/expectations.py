@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import tomllib
 from collections import Counter
 from pathlib import Path
 
+from ..files import read_toml
 from .outcomes import OUTCOMES, CannotRun, ConformanceError, ExpectedDifference
 
 # ---------------------------------------------------------------------------------------------
@@ -13,12 +13,7 @@ from .outcomes import OUTCOMES, CannotRun, ConformanceError, ExpectedDifference
 
 
 def _load_toml(path: Path) -> dict[str, object]:
-    try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConformanceError(f"{path} does not exist.") from None
-    except tomllib.TOMLDecodeError as e:
-        raise ConformanceError(f"{path} is not valid TOML: {e}") from None
+    return read_toml(path, missing_ok=False, error=ConformanceError)
 
 
 def _entries(path: Path, data: dict[str, object], key: str) -> list[dict[str, object]]:
