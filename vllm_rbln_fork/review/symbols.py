@@ -28,10 +28,14 @@ class Sources:
     parsed: dict[tuple[str, str], dict[str, pyast.Symbol]] = field(default_factory=dict)
 
     def text(self, commit: str, path: str) -> str:
+        """The file at ``commit``; ``""`` only when the commit has no such file (any other git
+        failure raises: it must not read as "removed upstream")."""
         key = (commit, path)
         if key not in self.cache:
-            status, out = self.repo.run("show", f"{commit}:{path}", strip=False, ok_codes=(0, 128))
-            self.cache[key] = out if status == 0 else ""
+            if path in self.files(commit):
+                self.cache[key] = self.repo.run("show", f"{commit}:{path}", strip=False)[1]
+            else:
+                self.cache[key] = ""
         return self.cache[key]
 
     def files(self, commit: str) -> frozenset[str]:
