@@ -152,8 +152,9 @@ def lint(patch: Patch) -> list[str]:
     return problems
 
 
-def read_series(series_file: Path = SERIES_FILE, patches_dir: Path = PATCHES_DIR) -> Series:
-    """Read and lint the series; every problem is a SeriesError naming the file and the fix."""
+def read_series_names(series_file: Path = SERIES_FILE) -> tuple[Pin, list[str]]:
+    """The series file alone: its Exported-Against pin and the patch names, in order (the
+    patch files are not read); every problem is a SeriesError naming the line."""
     if not series_file.exists():
         raise SeriesError(f"{series_file} does not exist. It lists the patches of the fork, one per line.")
     exported_against: Pin | None = None
@@ -187,6 +188,12 @@ def read_series(series_file: Path = SERIES_FILE, patches_dir: Path = PATCHES_DIR
             f"{series_file.name} has no '# Exported-Against: vllm <version>' header line; "
             f"'python build.py export' writes it."
         )
+    return exported_against, names
+
+
+def read_series(series_file: Path = SERIES_FILE, patches_dir: Path = PATCHES_DIR) -> Series:
+    """Read and lint the series; every problem is a SeriesError naming the file and the fix."""
+    exported_against, names = read_series_names(series_file)
     patches = []
     for name in names:
         path = patches_dir / name

@@ -15,7 +15,7 @@ from .paths import upstream_repo_dir
 from .pins import Pin, PinsLock
 from .pipeline import apply_series, build_lock, prepare, scratch_dir
 from .project import Project
-from .series import lint, parse_patch, read_series, render_series
+from .series import lint, parse_patch, read_series, read_series_names, render_series
 from .source import SourceSpec
 
 # Pinned so that exporting an unchanged branch changes no byte, whatever the
@@ -103,11 +103,15 @@ def export(tree: Path, project: Project) -> list[str]:
         rendered[name] = text
 
     old_names: list[str] = []
-    if project.series_file.exists():
+    if project.series_file.exists():  # its patch files may be damaged: export rewrites them
         try:
-            old_names = [p.name for p in read_series(project.series_file, project.patches_dir).patches]
-        except SeriesError:
-            old_names = []
+            old_names = read_series_names(project.series_file)[1]
+        except SeriesError as exc:
+            raise SeriesError(
+                f"{exc}\nExport needs the old series to know which patch files to remove, and wrote "
+                f"nothing. Fix that line, or restore the file (git checkout -- "
+                f"{project.series_file.name}), then export again."
+            ) from None
     changed = []
     project.patches_dir.mkdir(parents=True, exist_ok=True)
     for name, text in rendered.items():

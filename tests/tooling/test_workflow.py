@@ -65,3 +65,35 @@ def test_export_refuses_a_commit_without_origin_and_writes_nothing(fork, tmp_pat
     with pytest.raises(SeriesError, match="no 'Origin:' trailer"):
         export(tree, fork.project)
     assert _snapshot(fork.project) == before
+
+
+def _drop_the_backport_in_a_checkout(fork, tmp_path):
+    tree = checkout(Pin.parse("1.0"), fork.spec(), fork.project, tmp_path / "co")
+    repo = Repo(tree, bare=False)
+    env = {"GIT_COMMITTER_NAME": "Dev", "GIT_COMMITTER_EMAIL": "d@e.invalid"}
+    repo.run("rebase", "--onto", "HEAD~2", "HEAD~1", "HEAD", env=env, in_work_tree=True, cwd=tree)
+    return tree
+
+
+def test_export_removes_a_stale_patch_even_if_its_file_is_damaged(fork, tmp_path) -> None:
+    # Regression (issue 15): a patch file that no longer parses made export ignore the whole
+    # old series, so the patch dropped in the tree stayed in patches/.
+    tree = _drop_the_backport_in_a_checkout(fork, tmp_path)
+    stale = fork.project.patches_dir / "count-one-more-slot-at-admission.patch"
+    stale.write_text("not a patch any more\n")
+    assert "patches/count-one-more-slot-at-admission.patch (removed)" in export(tree, fork.project)
+    assert not stale.exists()
+
+
+def test_export_refuses_a_malformed_series_and_writes_nothing(fork, tmp_path) -> None:
+    import pytest
+
+    from vllm_rbln_fork.errors import SeriesError
+
+    tree = _drop_the_backport_in_a_checkout(fork, tmp_path)
+    series = fork.project.series_file
+    series.write_text(series.read_text().replace(".patch\n", ".patch -p1\n", 1))
+    before = _snapshot(fork.project)
+    with pytest.raises(SeriesError, match=r"series line \d+: .*-p1"):
+        export(tree, fork.project)
+    assert _snapshot(fork.project) == before
