@@ -257,10 +257,5 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
-def console_main() -> None:
-    """The ``vllm-rbln-fork`` console script (same as ``python build.py``)."""
-    sys.exit(main(sys.argv[1:]))
-
-
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
