@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import os
 import subprocess
 import sys
@@ -86,19 +87,20 @@ def find_sdist(pin: Pin, index_url: str) -> RemoteSdist:
     available = _sdist_versions(index_url)
     if pin.version in available:
         return available[pin.version]
-    releases = sorted(v for v in available if not v.is_prerelease)
-    nearest = sorted(releases, key=lambda v: _distance(v, pin.version))[:5]
-    hint = ", ".join(str(v) for v in sorted(nearest)) or "none"
+    nearest = nearby_releases([v for v in available if not v.is_prerelease], pin.version)
+    hint = ", ".join(str(v) for v in nearest) or "none"
     raise PinNotFound(
         f"vllm {pin} has no sdist on {index_url}. Nearby releases there: {hint}. Pick one of them with --pin."
     )
 
 
-def _distance(a: Version, b: Version) -> tuple[int, ...]:
-    width = 3
-    ra = (list(a.release) + [0] * width)[:width]
-    rb = (list(b.release) + [0] * width)[:width]
-    return tuple(abs(x - y) for x, y in zip(ra, rb, strict=True))
+def nearby_releases(releases: list[Version], version: Version, count: int = 5) -> list[Version]:
+    """The ``count`` releases next to ``version`` in version order, newest first: past the
+    newest release, the newest few; before the oldest, the oldest few."""
+    ordered = sorted(releases)
+    at = bisect.bisect_left(ordered, version)
+    start = min(max(at - (count + 1) // 2, 0), max(len(ordered) - count, 0))
+    return sorted(ordered[start : start + count], reverse=True)
 
 
 class _Progress:

@@ -51,7 +51,7 @@ def test_cli_prints_the_error_and_exits_2(capsys) -> None:
 def test_unknown_pin_names_nearby_versions(fork) -> None:
     with pytest.raises(PinNotFound) as err:
         build(Pin.parse("1.9"), fork.spec(), fork.project)
-    assert "1.0, 1.1, 1.2, 1.3" in str(err.value)
+    assert "Nearby releases there: 1.3, 1.2, 1.1, 1.0." in str(err.value)
     assert _dist(fork) == []
 
 
