@@ -5,6 +5,11 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
+# How the source was obtained, and the wheel's own name and hash: beside the wheel only.
+# Inside, the manifest holds what the wheel is made of (the sdist's hash, the commits, the
+# series), so the same inputs give the same bytes however the sdist was fetched.
+BESIDE_ONLY = ("source_kind", "source_file", "wheel_file", "wheel_sha256")
+
 
 @dataclass(frozen=True)
 class PatchRecord:
@@ -38,6 +43,11 @@ class BuildManifest:
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
 
+    def inside_json(self) -> str:
+        """The manifest as the wheel carries it (without the fields of ``BESIDE_ONLY``)."""
+        data = {k: v for k, v in asdict(self).items() if k not in BESIDE_ONLY}
+        return json.dumps(data, indent=2, sort_keys=True) + "\n"
+
     @classmethod
     def from_json(cls, text: str) -> BuildManifest:
         data = json.loads(text)
@@ -47,10 +57,10 @@ class BuildManifest:
 
 
 def module_source(manifest: BuildManifest) -> str:
-    """``vllm/_rbln_build.py``: the manifest, importable from the installed vllm."""
+    """``vllm/_rbln_build.py``: the manifest (inside form), importable from the installed vllm."""
     return (
         '"""How this RBLN build of vLLM was made (written by vllm-rbln-fork; do not edit)."""\n\n'
         "import json\n\n"
-        f"MANIFEST_JSON = {manifest.to_json()!r}\n"
+        f"MANIFEST_JSON = {manifest.inside_json()!r}\n"
         "MANIFEST = json.loads(MANIFEST_JSON)\n"
     )

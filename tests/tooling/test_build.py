@@ -66,6 +66,19 @@ def test_same_pin_gives_same_upstream_commit_and_same_wheel_bytes(fork, tmp_path
     assert second.wheel.read_bytes() == first_bytes
 
 
+def test_the_same_sdist_gives_the_same_wheel_bytes_from_the_index_or_a_file(fork) -> None:
+    # Regression (issue 15): source_kind inside the wheel made one release two byte-contents,
+    # and publishing the second was refused with no new number to build instead.
+    from vllm_rbln_fork.source import SourceSpec
+
+    fetched = build(Pin.parse("1.0"), fork.spec(), fork.project, use_cache=False)
+    sdist = fork.index.root / "simple" / "vllm" / "vllm-1.0.tar.gz"
+    local = build(Pin.parse("1.0"), SourceSpec.parse(str(sdist), None), fork.project, use_cache=False)
+    assert (fetched.manifest.source_kind, local.manifest.source_kind) == ("index", "sdist")  # beside
+    assert local.manifest.wheel_sha256 == fetched.manifest.wheel_sha256
+    assert "source_kind" not in _read(local.wheel, "vllm/_rbln_build.py")
+
+
 def test_second_build_is_a_cache_hit(fork) -> None:
     first = build(Pin.parse("1.0"), fork.spec(), fork.project)
     second = build(Pin.parse("1.0"), fork.spec(), fork.project)
