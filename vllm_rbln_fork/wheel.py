@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import base64
+import csv
+import hashlib
+import io
 import os
 import sys
 import tempfile
+import time
 import zipfile
 from pathlib import Path
 
-from wheel.wheelfile import WheelFile
+from packaging.metadata import parse_email
 
 from . import proc
 from .errors import WheelError
@@ -16,6 +21,7 @@ from .manifest import BuildManifest, module_source
 
 COMPILED_SUFFIXES = (".so", ".pyd", ".dll", ".dylib", ".o", ".a", ".exe")
 MANIFEST_MODULE = "vllm/_rbln_build.py"
+ZIP_EPOCH_MIN = 315532800  # 1980-01-01: a zip file cannot say an earlier time
 
 
 def build_env(version: str, epoch: int) -> dict[str, str]:
@@ -85,7 +91,7 @@ def repack_pure(
             )
         zf.extractall(scratch)
     dist_info = _only(scratch.glob("*.dist-info"), "dist-info directory")
-    metadata_version = _field(dist_info / "METADATA", "Version")
+    metadata_version = _metadata_version(dist_info / "METADATA")
     if metadata_version != version:
         raise WheelError(
             f"vLLM's setup.py built version {metadata_version}, not {version}: it no longer "
@@ -105,19 +111,36 @@ def repack_pure(
 
 
 def pack_wheel(src: Path, target: Path, epoch: int) -> Path:
-    """Zip an unpacked wheel (RECORD regenerated), every entry stamped ``epoch``: same
-    files, same bytes. WheelFile reads the stamp only from ``SOURCE_DATE_EPOCH``."""
-    previous = os.environ.get("SOURCE_DATE_EPOCH")
-    os.environ["SOURCE_DATE_EPOCH"] = str(epoch)
-    try:
-        with WheelFile(target, "w") as wf:
-            wf.write_files(str(src))
-    finally:
-        if previous is None:
-            del os.environ["SOURCE_DATE_EPOCH"]
-        else:
-            os.environ["SOURCE_DATE_EPOCH"] = previous
+    """Zip an unpacked wheel at ``src`` into ``target``, RECORD regenerated: entries in sorted
+    order with the .dist-info files last and RECORD at the very end (as the wheel spec
+    recommends), each stamped ``epoch`` with mode 0644 (0755 if executable): same files,
+    same bytes."""
+    dist_info = _only(src.glob("*.dist-info"), "dist-info directory")
+    record = f"{dist_info.name}/RECORD"
+    names = sorted(p.relative_to(src).as_posix() for p in src.rglob("*") if p.is_file())
+    names = [n for n in names if n != record]
+    names.sort(key=lambda n: n.startswith(f"{dist_info.name}/"))  # stable: dist-info last
+    stamp = time.gmtime(max(epoch, ZIP_EPOCH_MIN))[:6]
+    rows = []
+    with zipfile.ZipFile(target, "w") as zf:
+        for name in names:
+            path = src / name
+            data = path.read_bytes()
+            _add(zf, name, data, stamp, executable=os.access(path, os.X_OK))
+            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+            rows.append((name, f"sha256={digest}", str(len(data))))
+        rows.append((record, "", ""))
+        text = io.StringIO()
+        csv.writer(text, lineterminator="\n").writerows(rows)
+        _add(zf, record, text.getvalue().encode(), stamp, executable=False)
     return target
+
+
+def _add(zf: zipfile.ZipFile, name: str, data: bytes, stamp: tuple[int, ...], *, executable: bool) -> None:
+    info = zipfile.ZipInfo(name, date_time=stamp)  # type: ignore[arg-type]
+    info.external_attr = (0o100755 if executable else 0o100644) << 16
+    info.compress_type = zipfile.ZIP_DEFLATED
+    zf.writestr(info, data)
 
 
 def _only(paths: object, what: str) -> Path:
@@ -127,8 +150,9 @@ def _only(paths: object, what: str) -> Path:
     return Path(found[0])
 
 
-def _field(path: Path, key: str) -> str:
-    for line in path.read_text().splitlines():
-        if line.startswith(f"{key}: "):
-            return line.split(": ", 1)[1].strip()
-    raise WheelError(f"{path.name} has no {key} field.")
+def _metadata_version(path: Path) -> str:
+    """The Version field of a METADATA file (parsed by packaging.metadata, as publish reads it)."""
+    raw, _ = parse_email(path.read_bytes())
+    if "version" not in raw:
+        raise WheelError(f"{path.name} has no Version field.")
+    return raw["version"]
