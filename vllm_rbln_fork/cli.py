@@ -85,6 +85,12 @@ def _build_parser() -> argparse.ArgumentParser:
         metavar="DEST",
         help="after the build, publish the wheel: a folder (static PEP 503 index) or an upload URL",
     )
+    parser.add_argument(
+        "--check-index",
+        metavar="URL",
+        help="with --publish URL: the server's PEP 503 page root, checked for a file of the same name "
+        "before the upload (default: <URL>/simple/, pypiserver's layout; devpi and Artifactory differ)",
+    )
     return parser
 
 
@@ -165,6 +171,11 @@ def _build(args: argparse.Namespace) -> int:
         return _review(args)
     if args.write or args.report_dir:
         _build_parser().error("--write and --report-dir go with --review")
+    if args.check_index:
+        from .publish.result import is_url
+
+        if not (args.publish and is_url(args.publish)):
+            _build_parser().error("--check-index goes with --publish <upload URL>")
     from .pipeline import build
 
     start = time.perf_counter()
@@ -185,7 +196,7 @@ def _build(args: argparse.Namespace) -> int:
     if args.publish:
         from .publish import publish
 
-        published = publish(result.wheel, args.publish)
+        published = publish(result.wheel, args.publish, index_url=args.check_index)
         state = "already there, same bytes" if published.already_published else "published"
         console.print(f"[bold green]{state}[/bold green] {published.file_url}")
         console.print(f"    index     {published.index_url}")

@@ -269,3 +269,37 @@ def test_concurrent_publishes_take_turns(tmp_path: Path, index: Path) -> None:
     assert data["versions"] == ["0.31.0+rbln.1", "0.31.0+rbln.2", "0.31.0+rbln.3", "0.31.0+rbln.9"]
     assert {f["filename"]: f["hashes"]["sha256"] for f in data["files"]}[winner.name] == _sha256(winner)
     assert not [p for p in index.rglob("*.tmp")]  # no temporary file left behind
+
+
+def test_check_index_names_the_page_to_check_before_an_upload(fork, tmp_path, monkeypatch, capsys) -> None:
+    """--check-index: a server whose pages are not at <URL>/simple/ (devpi, Artifactory) is
+    still checked for the file, so a different file of the same name stops the upload."""
+    import http.server
+    import threading
+
+    from vllm_rbln_fork import cli
+    from vllm_rbln_fork.project import Project
+
+    monkeypatch.setattr(Project, "default", classmethod(lambda cls: fork.project))
+    pages = tmp_path / "server"
+    publish(kit.make_wheel(tmp_path / "other", "1.0+rbln.1", body="# another build"), str(pages))
+    handler = lambda *a, **k: http.server.SimpleHTTPRequestHandler(*a, directory=str(pages), **k)  # noqa: E731
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        check = f"http://127.0.0.1:{server.server_address[1]}/simple/"
+        upload = f"http://127.0.0.1:{kit.free_port()}/"  # never reached: the check stops it first
+        args = ["--pin", "1.0", "--index-url", fork.index.url, "--publish", upload, "--check-index", check]
+        assert cli.main(args) == 2
+    finally:
+        server.shutdown()
+    err = " ".join(capsys.readouterr().err.split())
+    assert "already has vllm-1.0+rbln.1-py3-none-any.whl with different bytes" in err
+    assert "Nothing was uploaded" in err
+
+
+def test_check_index_goes_with_an_upload_url(tmp_path) -> None:
+    from vllm_rbln_fork import cli
+
+    with pytest.raises(SystemExit):
+        cli.main(["--pin", "1.0", "--publish", str(tmp_path), "--check-index", "http://127.0.0.1:9/"])
