@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import difflib
 import html
+import re
 from pathlib import Path
 
 from ..files import write_atomic
@@ -199,9 +200,23 @@ def _side_by_side(old: str, new: str, old_label: str, new_label: str) -> str:
     return table
 
 
+# HtmlDiff numbers each table's anchors from a process-wide counter (from<N>_, to<N>_);
+# renumbered per page, in order of appearance, the same review gives the same bytes.
+_ANCHOR = re.compile(r'((?:id|href)="#?(?:difflib_chg_)?(?:from|to))(\d+)_')
+
+
+def _stable_anchors(page: str) -> str:
+    numbers: dict[str, int] = {}
+
+    def renumber(match: re.Match[str]) -> str:
+        number = numbers.setdefault(match[2], len(numbers))
+        return f"{match[1]}{number}_"
+
+    return _ANCHOR.sub(renumber, page)
+
+
 def html_page(review: Review) -> str:
     e = html.escape
-    difflib.HtmlDiff._default_prefix = 0  # type: ignore[attr-defined]  # its anchors: same page, same bytes
     verdict_class = "verdict-ready" if review.ready else "verdict-needs"
     parts = [
         "<!DOCTYPE html>",
@@ -237,7 +252,7 @@ def html_page(review: Review) -> str:
     if review.range_diff:
         parts.append(f"<details><summary>git range-diff</summary><pre>{e(review.range_diff)}</pre></details>")
     parts.append("</body></html>")
-    return "\n".join(parts) + "\n"
+    return _stable_anchors("\n".join(parts) + "\n")
 
 
 def _html_patch(i: int, p: PatchReview, review: Review) -> list[str]:
