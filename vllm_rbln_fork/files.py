@@ -8,8 +8,10 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import shutil
 import tempfile
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 
 from .errors import ForkError
@@ -23,17 +25,72 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-def write_atomic(path: Path, data: str | bytes) -> None:
-    """Write through a temp file in the same directory and rename it into place."""
+def tree_id(root: Path, *subdirs: str) -> str:
+    """A content hash of ``subdirs`` of ``root`` (paths and bytes, ``__pycache__`` left out):
+    the same files give the same id, git or not."""
+    digest = hashlib.sha256()
+    for sub in subdirs:
+        digest.update(f"[{sub}]".encode())
+        for path in sorted((root / sub).rglob("*")):
+            if "__pycache__" in path.parts or not path.is_file():
+                continue
+            digest.update(path.relative_to(root).as_posix().encode() + b"\0")
+            digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()
+
+
+def write_atomic(path: Path, data: str | bytes, *, skip_if_same: bool = False) -> None:
+    """Write through a temp file in the same directory, flushed to disk, and rename it into
+    place (mode 0644): a reader sees the old file or the new one. With ``skip_if_same``, a
+    file that already holds ``data`` is left alone (its time too)."""
+    raw = data.encode() if isinstance(data, str) else data
+    if skip_if_same and path.is_file() and path.read_bytes() == raw:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data.encode() if isinstance(data, str) else data)
+            f.write(raw)
+            f.flush()
+            os.fsync(f.fileno())
         os.chmod(tmp, 0o644)  # mkstemp makes 0600; these files are meant to be read by others
         os.replace(tmp, path)
     except BaseException:
         os.unlink(tmp)
         raise
+
+
+def copy_atomic(source: Path, target: Path, sha256: str | None = None) -> None:
+    """Copy ``source`` to ``target`` as :func:`write_atomic` writes; with ``sha256``, refuse
+    (``ForkError``, nothing written) a copy whose bytes are not those."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as out, source.open("rb") as f:
+            shutil.copyfileobj(f, out, 1 << 20)
+            out.flush()
+            os.fsync(out.fileno())
+        if sha256 is not None and (copied := sha256_of(Path(tmp))) != sha256:
+            raise ForkError(
+                f"{source.name} changed while it was being copied (sha256 {copied}, expected {sha256}); "
+                f"nothing was written to {target.parent}. Is a build still writing it?"
+            )
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, target)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def made_once(directory: Path, make: Callable[[Path], None]) -> Path:
+    """``directory``, made by ``make(directory)`` unless a finished one is there: a
+    ``.complete`` marker, written last, tells a finished one from an interrupted one
+    (which is removed and made again)."""
+    marker = directory / ".complete"
+    if not marker.exists():
+        shutil.rmtree(directory, ignore_errors=True)
+        make(directory)
+        marker.write_text("")
+    return directory
 
 
 def read_toml(

@@ -15,12 +15,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import filelock
-
 from . import __version__, log
 from .apply import AppliedSeries, carry_series, checkout_into, commit_series_on, materialize
-from .files import sha256_of, write_atomic
+from .files import sha256_of, tree_id, write_atomic
 from .gitrepo import Repo
+from .locks import held
 from .manifest import BuildManifest, PatchRecord
 from .paths import PROJECT_ROOT, cache_root, locks_dir, upstream_repo_dir, wheel_cache_dir
 from .pins import Pin, PinsLock
@@ -57,17 +56,10 @@ class Prepared:
 @contextmanager
 def build_lock() -> Iterator[None]:
     """One build at a time on this machine: they share the cache repo and dist/."""
-    locks_dir().mkdir(parents=True, exist_ok=True)
-    lock = filelock.FileLock(str(locks_dir() / "build.lock"))
-    try:
-        lock.acquire(timeout=0)
-    except filelock.Timeout:
-        log.info("another build is running on this machine; waiting for it to finish")
-        lock.acquire()
-    try:
+    with held(
+        locks_dir() / "build.lock", "another build is running on this machine; waiting for it to finish"
+    ):
         yield
-    finally:
-        lock.release()
 
 
 def scratch_dir() -> Path:
@@ -148,12 +140,9 @@ KEY_FORMAT = "wheel-cache-2"  # bump when the key's parts change meaning
 
 
 def tool_fingerprint(package: Path = PACKAGE_DIR) -> str:
-    """sha256 over the tool's own source files (their paths and bytes): any change to the
-    code that makes a wheel gives another cache key."""
-    digest = hashlib.sha256()
-    for path in sorted(package.rglob("*.py")):
-        digest.update(path.relative_to(package).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
-    return digest.hexdigest()
+    """A hash of the tool's own files (their paths and bytes): any change to the code that
+    makes a wheel gives another cache key."""
+    return tree_id(package.parent, package.name)
 
 
 def cache_key(parts: Iterable[str]) -> str:

@@ -18,14 +18,13 @@ A missing variable fails the test: a tier that silently skips proves nothing.
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 
 import pytest
 
 from vllm_rbln_fork import log
 from vllm_rbln_fork.paths import PROJECT_ROOT, cache_root
-from vllm_rbln_fork.testing.conformance import run_conformance
+from vllm_rbln_fork.testing.conformance import run_conformance, tree_version
 from vllm_rbln_fork.testing.outcomes import render_report
 
 HERE = Path(__file__).resolve().parent
@@ -47,11 +46,12 @@ def _required_env() -> dict[str, Path]:
 def _pin(upstream: Path) -> str:
     if pin := os.environ.get("VLLM_RBLN_PIN"):
         return pin
-    version_file = upstream / "vllm" / "_version.py"
-    match = re.search(r"^__version__\s*=.*?['\"]([^'\"+]+)", version_file.read_text(), re.MULTILINE)
-    if match is None:
-        pytest.fail(f"cannot read the pin from {version_file}; set VLLM_RBLN_PIN.", pytrace=False)
-    return match.group(1)
+    version = tree_version(upstream)
+    if version is None:
+        pytest.fail(
+            f"cannot read the pin from {upstream}/vllm/_version.py; set VLLM_RBLN_PIN.", pytrace=False
+        )
+    return version.split("+")[0]
 
 
 def test_upstream_core_tests_conform() -> None:

@@ -39,19 +39,18 @@ same bytes again is a no-op; different bytes under a published name raise
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
-import filelock
 from packaging.utils import NormalizedName
 
 from .. import log
 from ..errors import ForkError, IndexConflict, WheelError
+from ..files import copy_atomic, sha256_of, write_atomic
+from ..locks import held
 from .pages import (
     FILES_DIR,
     FileEntry,
@@ -63,7 +62,7 @@ from .pages import (
     render_root_json,
 )
 from .result import PublishResult
-from .wheelfacts import WheelFacts, read_wheel, sha256_and_size
+from .wheelfacts import WheelFacts, read_wheel
 
 PAGES_DIR = "simple"
 STATE_DIR = ".index-state"
@@ -86,7 +85,7 @@ def yank(root: Path, filename: str, reason: str) -> None:
             log.info(f"{filename} is already yanked with that reason; nothing to do")
             return
         state.update(yanked=True, yanked_reason=reason)
-        _atomic_write(_state_file(root, filename), _state_json(state))
+        write_atomic(_state_file(root, filename), _state_json(state), skip_if_same=True)
         _regenerate(root)
     log.info(f"yanked {filename} in {root}" + (f": {reason}" if reason else ""))
 
@@ -109,7 +108,7 @@ def publish_folder(wheel: Path, facts: WheelFacts, root: Path) -> PublishResult:
     )
     with log.phase(f"publish {facts.filename} to {root}"), _locked(root):
         if target.exists():
-            existing, _ = sha256_and_size(target)
+            existing = sha256_of(target)
             if existing != facts.sha256:
                 raise IndexConflict(
                     f"{root} already has {facts.filename} with different bytes (sha256 {existing}, "
@@ -123,10 +122,10 @@ def publish_folder(wheel: Path, facts: WheelFacts, root: Path) -> PublishResult:
         (root / FILES_DIR).mkdir(parents=True, exist_ok=True)
         # The metadata and the sidecar first, the wheel next, the pages last: a page
         # never links a file that is not there.
-        _atomic_write(root / FILES_DIR / (facts.filename + METADATA_SUFFIX), facts.metadata)
+        write_atomic(root / FILES_DIR / (facts.filename + METADATA_SUFFIX), facts.metadata, skip_if_same=True)
         state = _read_state(root, facts.filename) or {"upload_time": _now(), "yanked": False}
-        _atomic_write(_state_file(root, facts.filename), _state_json(state))
-        _atomic_copy(wheel, target, facts.sha256)
+        write_atomic(_state_file(root, facts.filename), _state_json(state), skip_if_same=True)
+        copy_atomic(wheel, target, facts.sha256)
         _regenerate(root)
     log.info(f"published {facts.filename} (sha256 {facts.sha256}) to {root}")
     return result
@@ -137,17 +136,8 @@ def _locked(root: Path) -> Iterator[None]:
     """One writer at a time per folder (several publishers may share a network folder)."""
     if root.exists() and not root.is_dir():
         raise ForkError(f"{root} is a file, not a folder; --publish wants a folder or an http(s) URL.")
-    (root / STATE_DIR).mkdir(parents=True, exist_ok=True)
-    lock = filelock.FileLock(str(root / STATE_DIR / "lock"))
-    try:
-        lock.acquire(timeout=0)
-    except filelock.Timeout:
-        log.info(f"another publish to {root} is running; waiting for it to finish")
-        lock.acquire()
-    try:
+    with held(root / STATE_DIR / "lock", f"another publish to {root} is running; waiting for it to finish"):
         yield
-    finally:
-        lock.release()
 
 
 def _wheels(root: Path) -> list[Path]:
@@ -189,39 +179,6 @@ def _now() -> str:
     return format_time(datetime.now(tz=UTC))
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file and a rename; skip if unchanged."""
-    if path.is_file() and path.read_bytes() == data:
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with tmp.open("wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def _atomic_copy(source: Path, target: Path, sha256: str) -> None:
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    try:
-        shutil.copyfile(source, tmp)
-        copied, _ = sha256_and_size(tmp)
-        if copied != sha256:
-            raise WheelError(
-                f"{source.name} changed while it was being published (sha256 {copied}, expected "
-                f"{sha256}); nothing was published. Is a build still writing it?"
-            )
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, target)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 def _entries(root: Path) -> list[FileEntry]:
     """Every published wheel with its sidecar, repairing a missing .metadata or sidecar."""
     entries = []
@@ -233,11 +190,11 @@ def _entries(root: Path) -> list[FileEntry]:
             continue
         metadata_file = wheel.with_name(wheel.name + METADATA_SUFFIX)
         if not metadata_file.is_file() or metadata_file.read_bytes() != facts.metadata:
-            _atomic_write(metadata_file, facts.metadata)
+            write_atomic(metadata_file, facts.metadata, skip_if_same=True)
         state = _read_state(root, wheel.name)
         if state is None:
             state = _default_state(wheel)
-            _atomic_write(_state_file(root, wheel.name), _state_json(state))
+            write_atomic(_state_file(root, wheel.name), _state_json(state), skip_if_same=True)
         entries.append(
             FileEntry(
                 facts=facts,
@@ -256,8 +213,12 @@ def _regenerate(root: Path) -> None:
     pages = root / PAGES_DIR
     for name, entries in by_project.items():
         entries.sort(key=lambda e: (e.facts.version, e.facts.filename))
-        _atomic_write(pages / name / "index.html", render_project_html(name, entries).encode())
-        _atomic_write(pages / name / "index.json", render_project_json(name, entries).encode())
+        write_atomic(
+            pages / name / "index.html", render_project_html(name, entries).encode(), skip_if_same=True
+        )
+        write_atomic(
+            pages / name / "index.json", render_project_json(name, entries).encode(), skip_if_same=True
+        )
     names = sorted(by_project)
-    _atomic_write(pages / "index.html", render_root_html(names).encode())
-    _atomic_write(pages / "index.json", render_root_json(names).encode())
+    write_atomic(pages / "index.html", render_root_html(names).encode(), skip_if_same=True)
+    write_atomic(pages / "index.json", render_root_json(names).encode(), skip_if_same=True)

@@ -12,6 +12,7 @@ from packaging.utils import InvalidWheelFilename, NormalizedName, canonicalize_n
 from packaging.version import Version
 
 from ..errors import WheelError
+from ..files import sha256_of
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,7 @@ def read_wheel(wheel: Path) -> WheelFacts:
             f"{wheel.name} says {meta_name} {meta_version} in its METADATA but {name} {version} in "
             f"its file name; refusing to publish a wheel that contradicts itself."
         )
-    digest, size = sha256_and_size(wheel)
+    digest, size = sha256_of(wheel), wheel.stat().st_size
     return WheelFacts(
         filename=wheel.name,
         name=name,
@@ -71,13 +72,3 @@ def read_wheel(wheel: Path) -> WheelFacts:
         metadata=metadata,
         requires_python=raw.get("requires_python"),
     )
-
-
-def sha256_and_size(path: Path) -> tuple[str, int]:
-    digest = hashlib.sha256()
-    size = 0
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-            size += len(chunk)
-    return digest.hexdigest(), size

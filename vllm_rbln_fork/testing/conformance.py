@@ -27,13 +27,13 @@ import shutil
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from .. import log, proc
 from ..errors import FailedProcess
-from ..files import write_atomic
+from ..files import tree_id, write_atomic
 from .expectations import load_cannot_run, load_expected
 from .outcomes import (
     SUITE,
@@ -56,24 +56,8 @@ _PASSED_THROUGH_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "TZ")
 # Running one side.
 
 
-def _hash_files(digest: hashlib._Hash, root: Path, paths: Iterable[Path]) -> None:
-    for path in sorted(paths):
-        if "__pycache__" in path.parts or not path.is_file():
-            continue
-        digest.update(path.relative_to(root).as_posix().encode() + b"\0")
-        digest.update(hashlib.sha256(path.read_bytes()).digest())
-
-
-def tree_id(root: Path, *subdirs: str) -> str:
-    """A content hash of ``subdirs`` of ``root``: the same files give the same id, git or not."""
-    digest = hashlib.sha256()
-    for sub in subdirs:
-        digest.update(f"[{sub}]".encode())
-        _hash_files(digest, root, (root / sub).rglob("*"))
-    return digest.hexdigest()
-
-
-def _tree_version(tree: Path) -> str | None:
+def tree_version(tree: Path) -> str | None:
+    """``__version__`` of ``tree``'s ``vllm/_version.py`` (as setuptools-scm writes it), if any."""
     version_file = tree / "vllm" / "_version.py"
     if not version_file.is_file():
         return None
@@ -84,7 +68,7 @@ def _tree_version(tree: Path) -> str | None:
 def _check_tree(tree: Path, label: str, pin: str) -> None:
     if not (tree / "vllm" / "__init__.py").is_file():
         raise ConformanceError(f"the {label} tree {tree} has no vllm/ package; give a vLLM source tree.")
-    version = _tree_version(tree)
+    version = tree_version(tree)
     if version is None:
         log.warn(f"the {label} tree {tree} has no vllm/_version.py; vLLM will call itself 'dev'.")
     elif version.split("+")[0] != pin:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
 import tempfile
 import xml.etree.ElementTree as ET
@@ -21,7 +20,7 @@ from pathlib import Path
 
 from .. import log, proc
 from ..apply import checkout_into
-from ..files import sha256_of
+from ..files import made_once, sha256_of
 from ..gitrepo import Repo
 from ..paths import PROJECT_ROOT, cache_root, upstream_repo_dir
 from ..pins import Pin
@@ -75,11 +74,13 @@ def vllm_venv(wheel: Path) -> Path:
     key = sha256_of(VLLM_TEST_LOCK)[:16]
     env_dir = cache_root() / "venvs" / f"vllm-test-{key}"
     python = env_dir / "bin" / "python"
-    if not (env_dir / ".complete").exists():
+
+    def make(env_dir: Path) -> None:
         with log.phase(f"make the vLLM test venv {env_dir}"):
             proc.run([sys.executable, "-m", "venv", "--clear", env_dir])
             proc.run([python, "-m", "pip", "install", "--quiet", "--require-hashes", "-r", VLLM_TEST_LOCK])
-            (env_dir / ".complete").write_text("")
+
+    made_once(env_dir, make)
     installed = env_dir / ".wheel-sha256"
     digest = sha256_of(wheel)
     if not installed.exists() or installed.read_text() != digest:
@@ -94,13 +95,8 @@ def vllm_venv(wheel: Path) -> Path:
 
 
 def _cached_tree(name: str, make: Callable[[Path], None]) -> Path:
-    """A tree under the cache made once by ``make`` (a ``.complete`` marker says it finished)."""
-    tree = cache_root() / "test-trees" / name
-    if not (tree / ".complete").exists():
-        shutil.rmtree(tree, ignore_errors=True)
-        make(tree)
-        (tree / ".complete").write_text("")
-    return tree
+    """A tree under the cache made once by ``make``."""
+    return made_once(cache_root() / "test-trees" / name, make)
 
 
 def source_tree(repo: Repo, commit: str, name: str) -> Path:
