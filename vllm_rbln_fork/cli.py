@@ -32,7 +32,7 @@ class RichReporter:
     def phase_end(self, name: str, seconds: float) -> None:
         console.print(f"    [dim]{name}: {seconds:.1f} s[/dim]")
 
-    def message(self, level: str, text: str) -> None:
+    def message(self, level: log.Level, text: str) -> None:
         style = {"warn": "yellow", "info": ""}.get(level, "")
         prefix = "warning: " if level == "warn" else ""
         console.print(f"    [{style}]{prefix}{text}[/{style}]" if style else f"    {text}")

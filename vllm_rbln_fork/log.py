@@ -11,13 +11,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Literal, Protocol
+
+Level = Literal["info", "warn"]
 
 
 class Reporter(Protocol):
     def phase_start(self, name: str) -> None: ...
     def phase_end(self, name: str, seconds: float) -> None: ...
-    def message(self, level: str, text: str) -> None: ...
+    def message(self, level: Level, text: str) -> None: ...
     def progress(self, task: str, done: int, total: int | None) -> None: ...
 
 
@@ -33,7 +35,7 @@ class RecordingReporter:
     def phase_end(self, name: str, seconds: float) -> None:
         self.events.append(("phase-end", name))
 
-    def message(self, level: str, text: str) -> None:
+    def message(self, level: Level, text: str) -> None:
         self.events.append((level, text))
 
     def progress(self, task: str, done: int, total: int | None) -> None:

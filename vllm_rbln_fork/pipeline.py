@@ -26,7 +26,7 @@ from .pins import Pin, PinsLock
 from .project import Project
 from .releases import release_number
 from .series import Patch, Series, read_series
-from .source import SourceSpec, clone_ref, copy_tree, fetch_sdist, unpack_sdist
+from .source import SourceKind, SourceSpec, clone_ref, copy_tree, fetch_sdist, unpack_sdist
 from .upstream import Upstream, find, import_tree
 from .wheel import build_wheel
 
@@ -93,7 +93,7 @@ def prepare(
         return Prepared(up, spec.kind, sdist.name, sha256, tree_dir, index_file)
     with log.phase(f"import {spec.kind} source {spec.location}"):
         dest = scratch / f"src-{pin}"
-        if spec.kind == "git":
+        if spec.kind is SourceKind.GIT:
             assert spec.ref is not None
             tree_dir, epoch = clone_ref(spec.location, spec.ref, dest)
             origin = f"git {spec.location} at {spec.ref}"
@@ -112,7 +112,7 @@ def base_upstream(
     base_pin = series.exported_against
     if base_pin == target.upstream.pin:
         return target.upstream
-    base_spec = spec if spec.kind == "index" else SourceSpec.parse(None, None)
+    base_spec = spec if spec.kind is SourceKind.INDEX else SourceSpec.parse(None, None)
     return prepare(repo, base_pin, base_spec, lock, scratch).upstream
 
 

@@ -11,6 +11,7 @@ import shutil
 import tarfile
 import zlib
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 
 from . import log
@@ -20,13 +21,23 @@ from .paths import downloads_dir
 from .pins import LockedSdist, Pin, PinsLock
 
 
+class SourceKind(StrEnum):
+    INDEX = "index"  # the pin's sdist from a package index
+    SDIST = "sdist"  # a local sdist file
+    TREE = "tree"  # a local source tree
+    GIT = "git"  # a git ref
+
+
 @dataclass(frozen=True)
 class SourceSpec:
-    """What the user asked for: ``kind`` is index, sdist, tree or git."""
+    """What the user asked for: where the pin's source comes from."""
 
-    kind: str
+    kind: SourceKind
     location: str  # index URL, local path, or git URL
     ref: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", SourceKind(self.kind))  # "index" from a caller is checked too
 
     @classmethod
     def parse(cls, source: str | None, index_url: str | None) -> SourceSpec:
@@ -35,23 +46,23 @@ class SourceSpec:
                 from .index_client import configured_index_url  # asks pip: only when needed
 
                 index_url = configured_index_url()
-            return cls("index", index_url)
+            return cls(SourceKind.INDEX, index_url)
         if source.startswith("git+"):
             url, sep, ref = source[4:].rpartition("@")
             if not sep or not url or not ref:
                 raise ForkError(f"--source {source!r}: write a git source as git+URL@REF.")
-            return cls("git", url, ref)
+            return cls(SourceKind.GIT, url, ref)
         path = Path(source).expanduser().resolve()
         if path.is_file() and path.name.endswith((".tar.gz", ".tgz")):
-            return cls("sdist", str(path))
+            return cls(SourceKind.SDIST, str(path))
         if path.is_dir():
-            return cls("tree", str(path))
+            return cls(SourceKind.TREE, str(path))
         raise ForkError(f"--source {source!r} is neither an sdist (.tar.gz), a directory, nor git+URL@REF.")
 
     @property
     def is_canonical(self) -> bool:
         """The pin's released sdist: the only source that gets the ``upstream/v<pin>`` tag."""
-        return self.kind in ("index", "sdist")
+        return self.kind in (SourceKind.INDEX, SourceKind.SDIST)
 
 
 def fetch_sdist(pin: Pin, spec: SourceSpec, lock: PinsLock) -> tuple[Path, str]:
@@ -59,7 +70,7 @@ def fetch_sdist(pin: Pin, spec: SourceSpec, lock: PinsLock) -> tuple[Path, str]:
 
     A cached download whose hash matches the lock is used without asking the index.
     """
-    if spec.kind == "sdist":
+    if spec.kind is SourceKind.SDIST:
         path = Path(spec.location)
         sha256 = sha256_of(path)
         lock.check_or_record(pin, LockedSdist(path.name, sha256, path.stat().st_size))

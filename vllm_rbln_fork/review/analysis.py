@@ -33,7 +33,7 @@ from ..source import SourceSpec
 from ..upstream import Upstream
 from .carry import carried_series, write_series
 from .difftext import FileDiff, normalized, own_lines, parse_diff
-from .model import ConflictHunk, PatchReview, Review
+from .model import ConflictHunk, PatchReview, Review, Status
 from .symbols import Sources, upstream_under
 
 DIFF = ("diff", "--no-color", "--no-ext-diff", "--find-renames", "--abbrev=12")
@@ -55,7 +55,7 @@ def review(
             for patch in series.patches:
                 if patch.name not in by_name:  # not even applied on its own pin: its trailer
                     reason = trailer_drop(patch, base.pin) or "not applied"
-                    reviews.append(PatchReview(patch, "dropped", reason, mark="<", mark_note=reason))
+                    reviews.append(PatchReview(patch, Status.DROPPED, reason, mark="<", mark_note=reason))
                     continue
                 reviews.append(_review_one(src, by_name[patch.name], base, target, churn))
             reviews = _note_skipped(reviews)
@@ -76,9 +76,9 @@ def _note_skipped(reviews: list[PatchReview]) -> list[PatchReview]:
     out: list[PatchReview] = []
     skipped: list[str] = []
     for r in reviews:
-        if skipped and r.status not in ("dropped", "upstreamed"):
+        if skipped and r.status not in (Status.DROPPED, Status.UPSTREAMED):
             r = replace(r, notes=(*r.notes, "carried without " + ", ".join(skipped) + " (conflict)"))
-        if r.status == "conflict":
+        if r.status is Status.CONFLICT:
             skipped.append(r.name)
         out.append(r)
     return out
@@ -105,12 +105,14 @@ def _review_one(
     repo, patch, step = src.repo, c.item.patch, c.step
     old_diff = repo.out(*DIFF, f"{c.item.commit}^", c.item.commit)
     if step.kind is StepKind.DROPPED:
-        return PatchReview(patch, "dropped", step.reason, old_diff=old_diff, mark="<", mark_note=step.reason)
+        return PatchReview(
+            patch, Status.DROPPED, step.reason, old_diff=old_diff, mark="<", mark_note=step.reason
+        )
     if step.kind is StepKind.UPSTREAMED:
         notes = (f"suggest the trailer `Applied-Upstream: {target.pin}`",)
         return PatchReview(
             patch,
-            "upstreamed",
+            Status.UPSTREAMED,
             step.reason or "upstream contains it",
             old_diff=old_diff,
             mark="<",
@@ -125,7 +127,7 @@ def _review_one(
         note = "conflict: no new version yet"
         return PatchReview(
             patch,
-            "conflict",
+            Status.CONFLICT,
             "3-way merge conflicts in " + ", ".join(step.conflicts),
             old_diff=old_diff,
             mark="!",
@@ -140,11 +142,16 @@ def _review_one(
         normalized(old_diff), normalized(new_diff), f"{patch.name} @ {base.pin}", f"@ {target.pin}"
     )
     if normalized(old_diff) == normalized(new_diff):
-        status, mark, note, own = "clean", "=", "same diff", ""
+        status, mark, note, own = Status.CLEAN, "=", "same diff", ""
     elif own_lines(old_files) == own_lines(new_files):
-        status, mark, note, own = "context drift", "!", "context / line numbers only; own lines identical", ""
+        status, mark, note, own = (
+            Status.CONTEXT_DRIFT,
+            "!",
+            "context / line numbers only; own lines identical",
+            "",
+        )
     else:
-        status, mark, note = "merged", "!", "own +/- lines changed by the merge"
+        status, mark, note = Status.MERGED, "!", "own +/- lines changed by the merge"
         own = _udiff(_own_text(old_files), _own_text(new_files), f"own lines @ {base.pin}", f"@ {target.pin}")
     return PatchReview(
         patch,
@@ -154,7 +161,7 @@ def _review_one(
         mark=mark,
         mark_note=note,
         own_interdiff=own,
-        interdiff=interdiff if status != "clean" else "",
+        interdiff=interdiff if status is not Status.CLEAN else "",
         **analysis.fields(),
     )
 

@@ -10,7 +10,30 @@ from pathlib import Path
 from ..pins import Pin
 from ..series import Patch
 
-STATUSES = ("clean", "context drift", "merged", "conflict", "upstreamed", "dropped")
+
+class Status(StrEnum):
+    """What carrying a patch onto the new pin did to it (see ``analysis``)."""
+
+    CLEAN = "clean"  # the same diff
+    CONTEXT_DRIFT = "context drift"  # the same +/- lines, other context or line numbers
+    MERGED = "merged"  # the merge changed its own lines
+    CONFLICT = "conflict"
+    UPSTREAMED = "upstreamed"  # nothing left to apply
+    DROPPED = "dropped"  # by its Applied-Upstream trailer
+
+
+STATUSES = tuple(Status)
+
+
+class Change(StrEnum):
+    """What upstream did to a function or class a patch relies on."""
+
+    UNCHANGED = "unchanged"
+    BODY_CHANGED = "body changed"
+    SIGNATURE_CHANGED = "signature changed"
+    REMOVED = "removed upstream"
+    CLASS_HEADER_CHANGED = "class header changed"
+    MODULE_CODE_CHANGED = "module-level code changed"
 
 
 class Relation(StrEnum):
@@ -37,7 +60,7 @@ class SymbolChange:
     path: str
     qualname: str
     relation: Relation
-    change: str  # "unchanged", "body changed", "signature changed", "removed upstream"
+    change: Change
     old_signature: str
     new_signature: str
     note: str
@@ -60,7 +83,7 @@ class SymbolChange:
 @dataclass(frozen=True)
 class PatchReview:
     patch: Patch
-    status: str
+    status: Status
     reason: str = ""
     old_diff: str = ""
     new_diff: str = ""
@@ -85,7 +108,7 @@ class PatchReview:
 
     @property
     def needs_work(self) -> bool:
-        return self.status == "conflict" or any(s.breaking for s in self.symbols)
+        return self.status is Status.CONFLICT or any(s.breaking for s in self.symbols)
 
 
 @dataclass(frozen=True)
@@ -102,7 +125,7 @@ class Review:
     instructions: str = ""
 
     @property
-    def counts(self) -> dict[str, int]:
+    def counts(self) -> dict[Status, int]:
         return {s: sum(1 for p in self.patches if p.status == s) for s in STATUSES}
 
     @property
@@ -120,7 +143,7 @@ class Review:
     @property
     def next_commands(self) -> tuple[str, ...]:
         pin = self.new_pin
-        conflicts = any(p.status == "conflict" for p in self.patches)
+        conflicts = any(p.status is Status.CONFLICT for p in self.patches)
         if conflicts and self.conflict_tree is not None:
             return (
                 f"cd {self.conflict_tree}  # resolve, git add, git cherry-pick --continue",

@@ -9,15 +9,15 @@ import re
 from pathlib import Path
 
 from ..files import write_atomic
-from .model import PatchReview, Review, SymbolChange
+from .model import Change, PatchReview, Review, Status, SymbolChange
 
 ICONS = {
-    "clean": "✅",
-    "context drift": "🟢",
-    "merged": "🟡",
-    "conflict": "❌",
-    "upstreamed": "⬆️",
-    "dropped": "➖",
+    Status.CLEAN: "✅",
+    Status.CONTEXT_DRIFT: "🟢",
+    Status.MERGED: "🟡",
+    Status.CONFLICT: "❌",
+    Status.UPSTREAMED: "⬆️",
+    Status.DROPPED: "➖",
 }
 MD_DIFF_LINES = 80  # per block in the Markdown; the HTML page has everything
 
@@ -60,7 +60,7 @@ def _symbol_line(s: SymbolChange) -> str:
     text = f"- {flag}`{s.qualname}` ({s.path}), {s.relation}: **{s.change}**"
     if s.note:
         text += f" — {s.note}"
-    if s.change == "signature changed":
+    if s.change is Change.SIGNATURE_CHANGED:
         text += f"\n  `{s.old_signature}` → `{s.new_signature}`"
     return text
 
@@ -135,7 +135,7 @@ def _md_patch(i: int, p: PatchReview, review: Review) -> list[str]:
         out += [_symbol_line(s) for s in p.symbols]
         diffs = "\n".join(s.diff(str(review.old_pin), str(review.new_pin)) for s in p.symbols)
         out += ["", _details("upstream diff of these functions and classes", _fence(diffs))]
-    elif p.status not in ("dropped", "upstreamed"):
+    elif p.status not in (Status.DROPPED, Status.UPSTREAMED):
         out += ["", "Upstream changed nothing the patch edits, calls or overrides."]
     if p.unchanged:
         out += ["", "Unchanged upstream: " + ", ".join(f"`{u}`" for u in p.unchanged)]
@@ -287,7 +287,7 @@ def _html_patch(i: int, p: PatchReview, review: Review) -> list[str]:
             if s.note:
                 head += f" — {e(s.note)}"
             body = ""
-            if s.change == "signature changed":
+            if s.change is Change.SIGNATURE_CHANGED:
                 body += f"<pre>{e(s.old_signature)}\n→ {e(s.new_signature)}</pre>"
             body += _side_by_side(s.old_text, s.new_text, f"{s.qualname} @ {old}", f"@ {new}")
             parts.append(f"<details{' open' if s.flagged else ''}><summary>{head}</summary>{body}</details>")
@@ -301,9 +301,9 @@ def _html_patch(i: int, p: PatchReview, review: Review) -> list[str]:
             + ", ".join(f"<code>{e(n)}</code>" for n in names)
             + "</p>"
         )
-    if p.new_diff and p.status != "clean":
+    if p.new_diff and p.status is not Status.CLEAN:
         parts.append(
-            f"<details{' open' if p.status == 'merged' else ''}><summary>the patch at {e(old)} "
+            f"<details{' open' if p.status is Status.MERGED else ''}><summary>the patch at {e(old)} "
             f"against at {e(new)} ({e(p.mark_note)})</summary>"
             + _side_by_side(p.old_diff, p.new_diff, f"@ {old}", f"@ {new}")
             + "</details>"

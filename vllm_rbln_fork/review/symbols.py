@@ -12,7 +12,7 @@ from ..upstream import Upstream
 from . import pyast, signatures
 from .carry import Carried
 from .difftext import FileDiff
-from .model import Relation, SymbolChange
+from .model import Change, Relation, SymbolChange
 
 SHORT = {Relation.CHANGED: "edited", Relation.CALLED: "called", Relation.OVERRIDDEN: "overridden"}
 MAX_NAME_MATCHES = 6  # a called name defined in more places than this is too ambiguous to follow
@@ -137,7 +137,7 @@ def upstream_under(
         before = src.symbols(old, path)[q]
         after = src.symbols(new, path).get(q)
         change = _compare(path, q, relation, sites, before, after)
-        (changes if change.change != "unchanged" else unchanged).append(change)
+        (changes if change.change is not Change.UNCHANGED else unchanged).append(change)
     elsewhere = []
     for path in touched:
         ours = {q for (p, q) in interest if p == path}
@@ -150,7 +150,7 @@ def upstream_under(
         other += sorted(f"{q} (new)" for q in after_syms if q not in before_syms)
         if other:
             elsewhere.append((path, tuple(other)))
-    order = {"signature changed": 0, "removed upstream": 0, "body changed": 1}
+    order = {Change.SIGNATURE_CHANGED: 0, Change.REMOVED: 0, Change.BODY_CHANGED: 1}
     changes.sort(key=lambda s: (not s.flagged, order.get(s.change, 2), s.path, s.qualname))
     return Under(
         tuple(changes),
@@ -194,7 +194,7 @@ def _compare(
             path,
             q,
             relation,
-            "removed upstream",
+            Change.REMOVED,
             before.signature,
             "",
             "no longer defined here (removed, renamed or moved)",
@@ -226,7 +226,7 @@ def _compare(
             path,
             q,
             relation,
-            "signature changed",
+            Change.SIGNATURE_CHANGED,
             before.signature,
             after.signature,
             "; ".join([described, *problems]),
@@ -236,10 +236,13 @@ def _compare(
             breaking=breaking,
         )
     if before.text != after.text:
-        what = {"class": "class header changed", "module": "module-level code changed"}.get(
-            before.kind, "body changed"
-        )
+        what = {
+            pyast.SymbolKind.CLASS: Change.CLASS_HEADER_CHANGED,
+            pyast.SymbolKind.MODULE: Change.MODULE_CODE_CHANGED,
+        }.get(before.kind, Change.BODY_CHANGED)
         return SymbolChange(
             path, q, relation, what, before.signature, after.signature, "", before.text, after.text, False
         )
-    return SymbolChange(path, q, relation, "unchanged", before.signature, after.signature, "", "", "", False)
+    return SymbolChange(
+        path, q, relation, Change.UNCHANGED, before.signature, after.signature, "", "", "", False
+    )

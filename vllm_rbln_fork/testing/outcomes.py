@@ -11,6 +11,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from ..errors import ForkError
 
@@ -58,7 +59,7 @@ class Difference:
 class Problem:
     """Why a comparison fails: ``unlisted``, ``stale`` or ``mismatch``."""
 
-    kind: str
+    kind: Literal["unlisted", "stale", "mismatch"]
     test: str
     text: str
 
