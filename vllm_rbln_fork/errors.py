@@ -42,6 +42,10 @@ class WheelError(ForkError):
     """The wheel build failed or produced something we refuse to ship."""
 
 
+class BaseWheelError(ForkError):
+    """A --base-wheel cannot be used: not a vLLM build of the pin, or its Python differs."""
+
+
 class IndexConflict(ForkError):
     """Publishing would overwrite a published file with different bytes."""
 

@@ -38,6 +38,11 @@ class BuildManifest:
     dropped: tuple[PatchRecord, ...]
     wheel_file: str = ""
     wheel_sha256: str = ""  # only in the copy beside the wheel: a file cannot hold its own hash
+    base_wheel_file: str = ""  # --base-wheel: the binary vLLM wheel under the patched Python
+    base_wheel_sha256: str = ""
+    # The base's device ("cpu" for vLLM's CPU build): the series' platform patch reads it,
+    # since our version label no longer says +cpu. Empty for the pure wheel.
+    base_wheel_device: str = ""
     schema: int = field(default=1)
 
     def to_json(self) -> str:

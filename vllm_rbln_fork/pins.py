@@ -51,27 +51,30 @@ class LockedSdist:
 
 
 class PinsLock:
-    """``pins.lock``: the sha256 of each pin's sdist, written the first time it is fetched."""
+    """``pins.lock``: the sha256 of each pin's sdist and each base wheel, written when first fetched."""
 
     def __init__(self, path: Path = PINS_LOCK) -> None:
         self.path = path
 
-    def _read(self) -> dict[str, dict[str, object]]:
-        """The ``[vllm."<pin>"]`` tables, each checked to have a text ``filename`` and ``sha256``."""
-        entries = read_toml(self.path).get("vllm", {})
+    def _read(self, table: str = "vllm") -> dict[str, dict[str, object]]:
+        """The ``[vllm."<pin>"]`` tables (or ``[base-wheel."<file>"]``), each checked to have a
+        text ``sha256`` (and, for a pin, a text ``filename``)."""
+        entries = read_toml(self.path).get(table, {})
         if not isinstance(entries, dict):
-            raise ForkError(f"{self.path}: 'vllm' must be a table of pins; restore the file from git.")
-        for pin, entry in entries.items():
+            raise ForkError(f"{self.path}: '{table}' must be a table; restore the file from git.")
+        for name, entry in entries.items():
             if not (
                 isinstance(entry, dict)
-                and isinstance(entry.get("filename"), str)
+                and (table != "vllm" or isinstance(entry.get("filename"), str))
                 and isinstance(entry.get("sha256"), str)
                 and isinstance(entry.get("size", 0), int)
             ):
+                what = f"vllm {name}" if table == "vllm" else f"the base wheel {name}"
+                needs = 'filename = "..." and sha256 = "..."' if table == "vllm" else 'sha256 = "..."'
                 raise ForkError(
-                    f'{self.path}: the entry of vllm {pin} ({entry!r}) needs filename = "..." and '
-                    f'sha256 = "..." (and an optional whole-number size). Restore the file from git '
-                    f"(git checkout -- {self.path.name}), or delete the entry to record it again."
+                    f"{self.path}: the entry of {what} ({entry!r}) needs {needs} (and an optional "
+                    f"whole-number size). Restore the file from git (git checkout -- {self.path.name}), "
+                    f"or delete the entry to record it again."
                 )
         return dict(entries)
 
@@ -98,10 +101,46 @@ class PinsLock:
         entries[str(pin)] = {"filename": sdist.filename, "sha256": sdist.sha256}
         if sdist.size is not None:
             entries[str(pin)]["size"] = sdist.size
-        ordered = dict(sorted(entries.items(), key=lambda kv: Version(kv[0])))
-        header = (
-            "# sha256 of each pinned vLLM sdist, recorded the first time it is fetched.\n"
-            "# A later download with another hash is refused.\n"
-        )
-        write_atomic(self.path, header + tomli_w.dumps({"vllm": ordered}))
+        self._write(vllm=dict(sorted(entries.items(), key=lambda kv: Version(kv[0]))))
         return True
+
+    def get_base_wheel(self, filename: str) -> LockedSdist | None:
+        """A ``--base-wheel`` file recorded under ``[base-wheel."<file name>"]``."""
+        entry = self._read("base-wheel").get(filename)
+        if entry is None:
+            return None
+        size = entry.get("size")
+        return LockedSdist(filename, str(entry["sha256"]), int(size) if size else None)  # type: ignore[call-overload]
+
+    def check_or_record_base_wheel(self, wheel: LockedSdist) -> bool:
+        """Record a new base wheel, or verify a known one (by file name). True when newly recorded."""
+        known = self.get_base_wheel(wheel.filename)
+        if known is not None:
+            if known.sha256 != wheel.sha256:
+                raise SourceHashMismatch(
+                    f"the base wheel {wheel.filename} has sha256 {wheel.sha256}, but {self.path.name} "
+                    f"recorded {known.sha256} for it. Nothing was built. Use the file the lock was made "
+                    f"from, or, after review, remove its entry from {self.path.name} by hand."
+                )
+            return False
+        entries = self._read("base-wheel")
+        entries[wheel.filename] = {"sha256": wheel.sha256}
+        if wheel.size is not None:
+            entries[wheel.filename]["size"] = wheel.size
+        self._write(base_wheel=dict(sorted(entries.items())))
+        return True
+
+    def _write(
+        self,
+        vllm: dict[str, dict[str, object]] | None = None,
+        base_wheel: dict[str, dict[str, object]] | None = None,
+    ) -> None:
+        header = (
+            "# sha256 of each pinned vLLM sdist, recorded the first time it is fetched,\n"
+            "# and of each --base-wheel file (by file name). A later file with another hash is refused.\n"
+        )
+        tables = {
+            "vllm": vllm if vllm is not None else self._read(),
+            "base-wheel": base_wheel if base_wheel is not None else self._read("base-wheel"),
+        }
+        write_atomic(self.path, header + tomli_w.dumps({k: v for k, v in tables.items() if v}))

@@ -17,6 +17,13 @@ from pathlib import Path
 
 from . import __version__, log
 from .apply import AppliedSeries, carry_series, checkout_into, commit_series_on, materialize
+from .basewheel import (
+    BaseWheelSpec,
+    Policy,
+    check_base,
+    fetch_base_wheel,
+    overlay,
+)
 from .files import sha256_of, tree_id, write_atomic
 from .gitrepo import Repo
 from .locks import held
@@ -153,9 +160,9 @@ def cache_key(parts: Iterable[str]) -> str:
     return digest.hexdigest()
 
 
-def key_parts(source_identity: str, series: Series, pin: Pin) -> list[str]:
-    """What a wheel depends on: the source, the series, the pin, and the tool that builds it
-    (its code, its Python, its lock)."""
+def key_parts(source_identity: str, series: Series, pin: Pin, base_identity: str = "") -> list[str]:
+    """What a wheel depends on: the source, the series, the pin, the tool that builds it
+    (its code, its Python, its lock), and with --base-wheel the base's sha256 (and the policy's)."""
     return [
         KEY_FORMAT,
         source_identity,
@@ -164,29 +171,47 @@ def key_parts(source_identity: str, series: Series, pin: Pin) -> list[str]:
         tool_fingerprint(),
         platform.python_version(),
         sha256_of(BUILD_LOCK),
+        base_identity,
     ]
 
 
-def build(pin: Pin, spec: SourceSpec, project: Project, *, use_cache: bool = True) -> BuildResult:
+def build(
+    pin: Pin,
+    spec: SourceSpec,
+    project: Project,
+    *,
+    use_cache: bool = True,
+    base_wheel: BaseWheelSpec | None = None,
+) -> BuildResult:
+    """The RBLN wheel of ``pin``: pure Python by default, or over ``base_wheel``'s binary build."""
     series = read_series(project.series_file, project.patches_dir)
     for stray in series.stray_files:
         log.warn(f"patches/{stray} is not named in {project.series_file.name}; it is not applied")
     lock = PinsLock(project.pins_lock)
     with build_lock(), tempfile.TemporaryDirectory(prefix="build-", dir=scratch_dir()) as tmp:
         scratch = Path(tmp)
-        key = fetched = None
+        key = fetched = base = policy = None
+        base_identity = ""
+        if base_wheel is not None:
+            policy = Policy.load(pin, project.base_wheel_policy)
+            with log.phase(f"base wheel {base_wheel.location}"):
+                base = fetch_base_wheel(base_wheel, _index_url(spec), lock)
+            base_identity = f"{base.sha256} {policy.digest}"
         if spec.is_canonical:
             with log.phase(f"source vllm {pin}"):
                 fetched = fetch_sdist(pin, spec, lock)
-            key = cache_key(key_parts(fetched[1], series, pin))
+            key = cache_key(key_parts(fetched[1], series, pin, base_identity))
             if use_cache and (hit := _cached(key, project, pin)):
                 return hit
         repo = Repo(upstream_repo_dir())
         target = prepare(repo, pin, spec, lock, scratch, fetched)
         if key is None:
-            key = cache_key(key_parts(repo.tree_of(target.upstream.commit), series, pin))
+            key = cache_key(key_parts(repo.tree_of(target.upstream.commit), series, pin, base_identity))
             if use_cache and (hit := _cached(key, project, pin)):
                 return hit
+        if base is not None and policy is not None:
+            with log.phase(f"check {base.filename}'s Python against vllm {pin}'s sdist"):
+                facts = check_base(base, pin, repo, target.upstream.commit, policy)
         result = apply_series(repo, series, target, spec, lock, scratch, project)
         tree_dir = scratch / "patched"
         with log.phase("check out the patched tree"):
@@ -200,11 +225,41 @@ def build(pin: Pin, spec: SourceSpec, project: Project, *, use_cache: bool = Tru
         if new:
             log.info(f"new fork release {pin}+rbln.{n} recorded in {project.releases_file.name}")
         manifest = _manifest(pin, n, target, result, series, patched_tree)
-        with log.phase(f"build wheel {manifest.wheel_version}"):
-            wheel = build_wheel(tree_dir, manifest.wheel_version, target.upstream.epoch, manifest, scratch)
+        if base is None or policy is None:
+            with log.phase(f"build wheel {manifest.wheel_version}"):
+                wheel = build_wheel(
+                    tree_dir, manifest.wheel_version, target.upstream.epoch, manifest, scratch
+                )
+        else:
+            manifest = replace(
+                manifest,
+                base_wheel_file=base.filename,
+                base_wheel_sha256=base.sha256,
+                base_wheel_device=facts.device,
+            )
+            with log.phase(f"put the patched Python over {base.filename}"):
+                wheel = overlay(
+                    base,
+                    facts,
+                    repo,
+                    target.upstream.commit,
+                    result.head,
+                    tree_dir,
+                    manifest,
+                    policy,
+                    scratch,
+                )
         manifest = replace(manifest, wheel_file=wheel.name, wheel_sha256=sha256_of(wheel))
         entry = _store(key, wheel, manifest)
         return _install_into_dist(entry, project, cached=False)
+
+
+def _index_url(spec: SourceSpec) -> str:
+    if spec.kind == "index":
+        return spec.location
+    from .index_client import configured_index_url
+
+    return configured_index_url()
 
 
 def _manifest(

@@ -29,6 +29,11 @@ class Project:
         return self.root / "pins.lock"
 
     @property
+    def base_wheel_policy(self) -> Path:
+        """What a ``--base-wheel`` may differ in from the sdist, and its moved requirements."""
+        return self.root / "base-wheel.toml"
+
+    @property
     def releases_file(self) -> Path:
         return self.root / "fork-releases.toml"
 

