@@ -33,7 +33,7 @@ from ..source import SourceSpec
 from ..upstream import Upstream
 from .carry import carried_series, write_series
 from .difftext import FileDiff, normalized, own_lines, parse_diff
-from .model import ConflictHunk, PatchReview, Review, Status
+from .model import ConflictHunk, Mark, PatchReview, Review, Status
 from .symbols import Sources, upstream_under
 
 DIFF = ("diff", "--no-color", "--no-ext-diff", "--find-renames", "--abbrev=12")
@@ -141,6 +141,7 @@ def _review_one(
     interdiff = _udiff(
         normalized(old_diff), normalized(new_diff), f"{patch.name} @ {base.pin}", f"@ {target.pin}"
     )
+    mark: Mark
     if normalized(old_diff) == normalized(new_diff):
         status, mark, note, own = Status.CLEAN, "=", "same diff", ""
     elif own_lines(old_files) == own_lines(new_files):

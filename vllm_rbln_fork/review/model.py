@@ -6,6 +6,7 @@ import difflib
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
+from typing import Literal
 
 from ..pins import Pin
 from ..series import Patch
@@ -34,6 +35,10 @@ class Change(StrEnum):
     REMOVED = "removed upstream"
     CLASS_HEADER_CHANGED = "class header changed"
     MODULE_CODE_CHANGED = "module-level code changed"
+
+
+# git range-diff's marks: = the same diff, ! changed, < only in the old series, > only in the new.
+Mark = Literal["=", "!", "<", ">"]
 
 
 class Relation(StrEnum):
@@ -87,7 +92,7 @@ class PatchReview:
     reason: str = ""
     old_diff: str = ""
     new_diff: str = ""
-    mark: str = "="  # range-diff mark
+    mark: Mark = "="
     mark_note: str = ""
     own_interdiff: str = ""  # how the patch's own +/- lines changed (merged)
     interdiff: str = ""  # how the whole diff changed (context drift included)
