@@ -12,10 +12,11 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
-from . import log
+from . import log, resolutions
 from .errors import ForkError, PatchDoesNotApply
 from .gitrepo import Identity, Repo
 from .pins import Pin
+from .resolutions import Progress
 from .series import Patch, Series
 from .upstream import Upstream
 
@@ -183,6 +184,7 @@ def carry(
     *,
     at_conflict: AtConflict,
     conflict_root: Path | None = None,
+    records: Path | None = None,
 ) -> Carry:
     """The one carry loop: the commits made by commit_series_on, onto ``target``, in order.
 
@@ -206,7 +208,7 @@ def carry(
         if step.kind is StepKind.CONFLICT and at_conflict is AtConflict.STOP:
             assert conflict_root is not None, "AtConflict.STOP needs a conflict_root"
             rest = remaining_commits(built[index:], target.pin)
-            raise _conflict_error(repo, patch, target, head, rest, list(step.conflicts), conflict_root)
+            raise _conflict_error(repo, patch, target, head, rest, conflict_root, records)
         commit = None
         if step.kind is StepKind.APPLIED:
             assert step.tree is not None
@@ -219,10 +221,24 @@ def carry(
 
 
 def carry_series(
-    repo: Repo, built: list[Applied], base: Upstream, target: Upstream, scratch: Path, conflict_root: Path
+    repo: Repo,
+    built: list[Applied],
+    base: Upstream,
+    target: Upstream,
+    scratch: Path,
+    conflict_root: Path,
+    records: Path | None = None,
 ) -> AppliedSeries:
     """The build's carry: stop at a conflict, say what was dropped and why."""
-    result = carry(repo, built, target, scratch, at_conflict=AtConflict.STOP, conflict_root=conflict_root)
+    result = carry(
+        repo,
+        built,
+        target,
+        scratch,
+        at_conflict=AtConflict.STOP,
+        conflict_root=conflict_root,
+        records=records,
+    )
     applied = [Applied(c.item.patch, c.commit) for c in result.carried if c.commit is not None]
     dropped = [Dropped(c.item.patch, c.step.reason) for c in result.carried if c.step.left_out]
     for drop in dropped:
@@ -245,37 +261,65 @@ def _detected_reason(patch: Patch, pin: Pin, how: str) -> str:
 HUNK = re.compile(r"^<<<<<<< ", re.M)
 
 
-def conflict_work_tree(repo: Repo, target: Upstream, head: str, rest: list[str], root: Path) -> Path:
+def conflict_work_tree(
+    repo: Repo, target: Upstream, head: str, rest: list[str], root: Path, records: Path | None = None
+) -> tuple[Path, Progress]:
     """Leave ``root/conflict-<label>``: ``head`` checked out, ``rest`` cherry-picked up to
-    the first conflict (a real ``git cherry-pick`` in progress)."""
+    the first conflict that no recorded resolution (``records``, git rerere's) settles:
+    a real ``git cherry-pick`` in progress, or the whole series carried."""
     tree = root / f"conflict-{target.label}"
     repo.run("worktree", "prune")
     if tree.exists():
         repo.run("worktree", "remove", "--force", str(tree), ok_codes=(0, 128))
         shutil.rmtree(tree, ignore_errors=True)
     tree.parent.mkdir(parents=True, exist_ok=True)
+    if records is not None:
+        resolutions.load(records, repo)
     repo.run("worktree", "add", "--detach", str(tree), head)
     identity = Identity("vllm-rbln-fork", "vllm-rbln-fork@users.noreply.invalid", "@0 +0000").env()
-    repo.run("cherry-pick", *rest, env=identity, cwd=tree, ok_codes=(0, 1), in_work_tree=True)
-    return tree
+    _, out = repo.run("cherry-pick", *rest, env=identity, cwd=tree, ok_codes=(0, 1), in_work_tree=True)
+    return tree, resolutions.advance(repo, tree, out)
 
 
-def resolve_instructions(tree: Path) -> str:
+def resolve_instructions(tree: Path, progress: Progress | None = None) -> str:
+    reused = ""
+    if progress is not None and progress.reused:
+        reused = (
+            f"{len(progress.reused)} conflicted file(s) were resolved from recorded resolutions (rerere/). "
+        )
+    if progress is not None and not progress.stopped:
+        return (
+            f"{reused}Every patch is carried in {tree}: 'python build.py export --dir {tree}', "
+            f"then build and test."
+        )
     return (
-        f"A work tree stopped at the conflict is at {tree}: resolve the files there, 'git add' "
-        f"them, 'git cherry-pick --continue' (it carries the remaining patches too), then "
-        f"'python build.py export --dir {tree}'."
+        f"{reused}A work tree stopped at the conflict is at {tree}: resolve the files there, 'git add' "
+        f"them, then 'python build.py continue --dir {tree}' (it carries the remaining patches, "
+        f"reusing recorded resolutions), then 'python build.py export --dir {tree}'."
     )
 
 
 def _conflict_error(
-    repo: Repo, patch: Patch, target: Upstream, head: str, rest: list[str], files: list[str], root: Path
+    repo: Repo,
+    patch: Patch,
+    target: Upstream,
+    head: str,
+    rest: list[str],
+    root: Path,
+    records: Path | None = None,
 ) -> PatchDoesNotApply:
     """Leave a work tree stopped at the conflict (a real ``git cherry-pick``) and describe it."""
-    tree = conflict_work_tree(repo, target, head, rest, root)
+    tree, progress = conflict_work_tree(repo, target, head, rest, root, records)
+    if not progress.stopped:
+        return PatchDoesNotApply(
+            f"patches/{patch.name} does not apply to vllm {target.pin} by a plain 3-way merge; "
+            + resolve_instructions(tree, progress)
+        )
+    files = list(progress.unresolved)
+    stopped_at = repo.run("log", "-1", "--format=%s", "CHERRY_PICK_HEAD", cwd=tree, in_work_tree=True)[1]
     lines = [
-        f"patches/{patch.name} does not apply to vllm {target.pin}: upstream changed the code "
-        f"it touches. Conflicts:"
+        f"patches/{patch.name} does not apply to vllm {target.pin} by a plain 3-way merge. The "
+        f"carry stopped at {stopped_at!r}: upstream changed the code it touches. Conflicts:"
     ]
     for name in files:
         path = tree / name
@@ -285,7 +329,7 @@ def _conflict_error(
             ", ".join(f"hunk at line {n}" for n in starts) or "file-level conflict (added/deleted/renamed)"
         )
         lines.append(f"  {name}: {where}")
-    lines.append(resolve_instructions(tree))
+    lines.append(resolve_instructions(tree, progress))
     return PatchDoesNotApply("\n".join(lines))
 
 

@@ -84,6 +84,13 @@ def _build_parser() -> argparse.ArgumentParser:
         "leave a work tree at the first conflict",
     )
     parser.add_argument(
+        "--from",
+        dest="source_pin",
+        metavar="PIN",
+        help="with --review: the supported pin whose series is carried (default: the newest "
+        "supported pin older than --pin)",
+    )
+    parser.add_argument(
         "--report-dir", type=Path, help="with --review: where the reports go (default: work/review-v<pin>)"
     )
     parser.add_argument(
@@ -132,6 +139,16 @@ def _export_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _continue_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="build.py continue",
+        description="Go on carrying the series in a conflict tree after resolving a conflict, "
+        "reusing recorded resolutions (rerere/) for the conflicts met again.",
+    )
+    parser.add_argument("--dir", type=Path, required=True, help="the conflict tree")
+    return parser
+
+
 def _run_tests(argv: list[str]) -> int:
     from .testing.runner import run_tests
 
@@ -148,6 +165,7 @@ def _run_lint(argv: list[str]) -> int:
 COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "checkout": lambda argv: _checkout(_checkout_parser().parse_args(argv)),
     "export": lambda argv: _export(_export_parser().parse_args(argv)),
+    "continue": lambda argv: _continue(_continue_parser().parse_args(argv)),
     "yank": lambda argv: _yank(_yank_parser().parse_args(argv)),
     "test": _run_tests,
     "lint": _run_lint,
@@ -175,8 +193,8 @@ def main(argv: list[str]) -> int:
 def _build(args: argparse.Namespace) -> int:
     if args.review:
         return _review(args)
-    if args.write or args.report_dir:
-        _build_parser().error("--write and --report-dir go with --review")
+    if args.write or args.report_dir or args.source_pin:
+        _build_parser().error("--write, --from and --report-dir go with --review")
     if args.check_index:
         from .publish.result import is_url
 
@@ -226,7 +244,8 @@ def _review(args: argparse.Namespace) -> int:
     pin = Pin.parse(args.pin)
     spec = SourceSpec.parse(args.source, args.index_url)
     project = Project.default()
-    result = review(pin, spec, project, write=args.write)
+    source = Pin.parse(args.source_pin) if args.source_pin else None
+    result = review(pin, spec, project, write=args.write, source=source)
     md, page = write_reports(result, args.report_dir or project.work_dir / f"review-v{pin}")
     style = "bold green" if result.ready else "bold yellow"
     lines = summary_lines(result)
@@ -275,6 +294,21 @@ def _export(args: argparse.Namespace) -> int:
         console.print("export: patches/ and series are unchanged")
     for name in changed:
         console.print(f"    wrote {name}")
+    return 0
+
+
+def _continue(args: argparse.Namespace) -> int:
+    from .workflow import continue_carry
+
+    tree = args.dir.resolve()
+    progress = continue_carry(tree)
+    for name in progress.reused:
+        console.print(f"    reused a recorded resolution for {name}")
+    if progress.stopped:
+        console.print(f"[bold yellow]stopped[/bold yellow] at a conflict in {', '.join(progress.unresolved)}")
+        console.print(f"    resolve, 'git add', then: python build.py continue --dir {tree}")
+        return 1
+    console.print(f"[bold green]carried[/bold green] every patch; next: python build.py export --dir {tree}")
     return 0
 
 

@@ -27,6 +27,9 @@ CONFIG = {
     # Importing a pin writes ~7,400 loose blobs; zlib is half the time of `git add`.
     # The cache trades disk (about 130 MB a pin) for a faster cold build.
     "core.looseCompression": "0",
+    # Record conflict resolutions and reuse them (the project keeps them in rerere/).
+    "rerere.enabled": "true",
+    "rerere.autoUpdate": "true",
 }
 # Blobs are stored exactly as the sdist has them: no eol conversion or filters from
 # the sdist's own .gitattributes.

@@ -32,8 +32,9 @@ from .paths import PROJECT_ROOT, cache_root, locks_dir, upstream_repo_dir, wheel
 from .pins import Pin, PinsLock
 from .project import Project
 from .releases import release_number
-from .series import Patch, Series, read_series
+from .series import Patch, Series
 from .source import SourceKind, SourceSpec, clone_ref, copy_tree, fetch_sdist, unpack_sdist
+from .supported import read_series_for, supported_pins
 from .upstream import Upstream, find, import_tree
 from .wheel import build_wheel
 
@@ -136,7 +137,9 @@ def apply_series(
     base = base_upstream(repo, series, target, spec, lock, scratch)
     with log.phase(f"apply {len(series.patches)} patches"):
         built = commit_series_on(repo, base, series, scratch)
-        result = carry_series(repo, built, base, target.upstream, scratch, project.work_dir)
+        result = carry_series(
+            repo, built, base, target.upstream, scratch, project.work_dir, project.rerere_dir
+        )
         repo.run("update-ref", f"refs/heads/{target.upstream.branch}", result.head)
     log.info(f"branch {target.upstream.branch}: {len(result.applied)} applied, {len(result.dropped)} dropped")
     return result
@@ -184,9 +187,15 @@ def build(
     base_wheel: BaseWheelSpec | None = None,
 ) -> BuildResult:
     """The RBLN wheel of ``pin``: pure Python by default, or over ``base_wheel``'s binary build."""
-    series = read_series(project.series_file, project.patches_dir)
-    for stray in series.stray_files:
-        log.warn(f"patches/{stray} is not named in {project.series_file.name}; it is not applied")
+    series = read_series_for(project, pin)
+    if not supported_pins(project):
+        for stray in series.stray_files:
+            log.warn(f"patches/{stray} is not named in {project.series_file.name}; it is not applied")
+    elif series.exported_against != pin:
+        log.warn(
+            f"vllm {pin} has no series of its own (series/{pin}): carrying the series of vllm "
+            f"{series.exported_against}"
+        )
     lock = PinsLock(project.pins_lock)
     with build_lock(), tempfile.TemporaryDirectory(prefix="build-", dir=scratch_dir()) as tmp:
         scratch = Path(tmp)

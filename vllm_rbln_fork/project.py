@@ -18,7 +18,22 @@ class Project:
 
     @property
     def series_file(self) -> Path:
+        """The one series of a single-series project (the synthetic ones in tests/tooling)."""
         return self.root / "series"
+
+    @property
+    def pins_file(self) -> Path:
+        """``pins.toml``: the supported pins; with it, each has its own ``series/<pin>``."""
+        return self.root / "pins.toml"
+
+    @property
+    def series_dir(self) -> Path:
+        return self.root / "series"
+
+    @property
+    def rerere_dir(self) -> Path:
+        """Recorded conflict resolutions (git rerere's rr-cache), kept in the repo."""
+        return self.root / "rerere"
 
     @property
     def patches_dir(self) -> Path:

@@ -31,7 +31,7 @@ ORIGIN_KINDS = ("backport", "rbln")
 
 @dataclass(frozen=True)
 class Patch:
-    name: str
+    name: str  # the file name; also the patch's identity across pins
     sha256: str
     author: str
     date: str
@@ -40,6 +40,12 @@ class Patch:
     trailers: tuple[tuple[str, str], ...]
     body: str  # the commit message below the subject, verbatim (description and trailers)
     text: str  # the whole file, as git format-patch wrote it
+    path: str = ""  # where in patches/: the name, or "<pin>/<name>" for a pin's own form
+
+    @property
+    def entry(self) -> str:
+        """The line of ``series`` that names it."""
+        return self.path or self.name
 
     def trailer(self, key: str) -> str | None:
         for k, v in self.trailers:
@@ -89,7 +95,7 @@ class Series:
         return digest.hexdigest()
 
 
-def parse_patch(name: str, data: bytes) -> Patch:
+def parse_patch(name: str, data: bytes, path: str = "") -> Patch:
     """Parse one ``git format-patch`` file; raise SeriesError naming it if it is not one."""
     text = data.decode("utf-8")
     if not text.startswith("From ") or "\ndiff --git " not in text:
@@ -116,6 +122,7 @@ def parse_patch(name: str, data: bytes) -> Patch:
         trailers=trailers,
         body=body,
         text=text,
+        path=path if path != name else "",
     )
 
 
@@ -169,20 +176,20 @@ def read_series_names(series_file: Path = SERIES_FILE) -> tuple[Pin, list[str]]:
             continue
         if not line or line.startswith("#"):
             continue
-        name = line.split()[0]  # quilt allows options after the name; we take none
+        entry = line.split()[0]  # quilt allows options after the name; we take none
         if len(line.split()) > 1:
             raise SeriesError(
                 f"{series_file.name} line {number}: {line!r}: patch options are not supported; "
                 f"give one patch file name per line."
             )
-        if "/" in name or name.startswith(".") or not name.endswith(".patch"):
+        if not _valid_entry(entry):
             raise SeriesError(
-                f"{series_file.name} line {number}: {name!r} is not a patch file name in patches/ "
-                f"(a plain name ending in .patch)."
+                f"{series_file.name} line {number}: {entry!r} is not a patch file name in patches/ "
+                f"(a plain name ending in .patch, or <pin>/<name>.patch for a pin's own form)."
             )
-        if name in names:
-            raise SeriesError(f"{series_file.name} line {number}: {name} is listed twice.")
-        names.append(name)
+        if entry.rsplit("/", 1)[-1] in [e.rsplit("/", 1)[-1] for e in names]:
+            raise SeriesError(f"{series_file.name} line {number}: {entry} is listed twice.")
+        names.append(entry)
     if exported_against is None:
         raise SeriesError(
             f"{series_file.name} has no '# Exported-Against: vllm <version>' header line; "
@@ -195,22 +202,36 @@ def read_series(series_file: Path = SERIES_FILE, patches_dir: Path = PATCHES_DIR
     """Read and lint the series; every problem is a SeriesError naming the file and the fix."""
     exported_against, names = read_series_names(series_file)
     patches = []
-    for name in names:
-        path = patches_dir / name
+    for entry in names:
+        path = patches_dir / entry
         if not path.is_file():
             raise SeriesError(
-                f"{series_file.name} names {name}, but patches/{name} does not exist. Restore the "
+                f"{series_file.name} names {entry}, but patches/{entry} does not exist. Restore the "
                 f"file or remove the line from {series_file.name}."
             )
-        patch = parse_patch(name, path.read_bytes())
+        patch = parse_patch(path.name, path.read_bytes(), entry)
         if problems := lint(patch):
-            raise SeriesError(f"patches/{name} fails lint: " + "; ".join(problems) + ".")
+            raise SeriesError(f"patches/{entry} fails lint: " + "; ".join(problems) + ".")
         patches.append(patch)
     stray = tuple(sorted(p.name for p in patches_dir.glob("*.patch") if p.name not in names))
     return Series(exported_against, tuple(patches), stray)
 
 
+def _valid_entry(entry: str) -> bool:
+    """``name.patch``, or ``<pin>/name.patch`` (a pin's own form of the patch)."""
+    parts = entry.split("/")
+    if len(parts) > 2 or not parts[-1].endswith(".patch") or any(p.startswith(".") or not p for p in parts):
+        return False
+    if len(parts) == 2:
+        try:
+            Pin.parse(parts[0])
+        except BadPin:
+            return False
+    return True
+
+
 def render_series(exported_against: Pin, names: list[str]) -> str:
+    """The series file: a header recording the pin, then one entry (``name`` or ``<pin>/name``) a line."""
     header = (
         "# The RBLN patch series for vLLM, applied in this order (quilt format:\n"
         "# one file of patches/ per line). Written by 'python build.py export'.\n"

@@ -51,7 +51,9 @@ def build_wheel(tree: Path, version: str, epoch: int, manifest: BuildManifest, o
             raw_dir = Path(tmp) / "raw"
             proc.run(
                 # --skip-dependency-check: the build lock holds what an empty build uses, not
-                # cmake and ninja (vLLM's build-system.requires), which only compile kernels.
+                # cmake and ninja (vLLM's build-system.requires), which only compile kernels;
+                # nor torch 2.14.0, which 0.33.0 requires to build (the empty build reads only
+                # the version of the local CPU torch 2.13.0).
                 [
                     *(sys.executable, "-m", "build", "--wheel", "--no-isolation", "--skip-dependency-check"),
                     *("--outdir", raw_dir, tree),

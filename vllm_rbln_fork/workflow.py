@@ -8,6 +8,7 @@ import re
 import tempfile
 from pathlib import Path
 
+from . import resolutions
 from .errors import ForkError, SeriesError
 from .files import write_atomic
 from .gitrepo import Repo
@@ -17,6 +18,7 @@ from .pipeline import apply_series, build_lock, prepare, scratch_dir
 from .project import Project
 from .series import lint, parse_patch, read_series, read_series_names, render_series
 from .source import SourceSpec
+from .supported import read_series_for, supported_pins, unused_patch_files
 
 # Pinned so that exporting an unchanged branch changes no byte, whatever the
 # user's git config says. Blob ids are abbreviated to a fixed length; they stay
@@ -48,7 +50,7 @@ def checkout(pin: Pin, spec: SourceSpec, project: Project, dest: Path) -> Path:
             f"{dest} already exists. Export it first ('python build.py export --dir {dest}') "
             f"or delete it, then check out again."
         )
-    series = read_series(project.series_file, project.patches_dir)
+    series = read_series_for(project, pin)
     with build_lock(), tempfile.TemporaryDirectory(prefix="checkout-", dir=scratch_dir()) as tmp:
         repo = Repo(upstream_repo_dir())
         lock = PinsLock(project.pins_lock)
@@ -56,9 +58,26 @@ def checkout(pin: Pin, spec: SourceSpec, project: Project, dest: Path) -> Path:
         result = apply_series(repo, series, target, spec, lock, Path(tmp), project)
         dest.parent.mkdir(parents=True, exist_ok=True)
         repo.run("clone", "--quiet", "--branch", target.upstream.branch, str(repo.git_dir), str(dest))
-    Repo(dest, bare=False)  # the same pinned config as the cache repo
+    resolutions.load(project.rerere_dir, Repo(dest, bare=False))  # and the pinned config
     del result
     return dest
+
+
+def continue_carry(tree: Path) -> resolutions.Progress:
+    """After a conflict was resolved and added in ``tree``: go on with the carry, reusing
+    recorded resolutions, up to the next conflict that needs a hand."""
+    if not (tree / ".git").exists():
+        raise ForkError(f"{tree} is not a work tree made by 'python build.py checkout' or a conflict.")
+    repo = Repo(tree, bare=False)
+    if not resolutions.in_progress(tree, repo):
+        raise ForkError(
+            f"{tree}: no cherry-pick is in progress; export it ('python build.py export --dir {tree}')."
+        )
+    if left := resolutions.unmerged(repo, tree):
+        raise ForkError(
+            f"{tree}: still unresolved: {', '.join(left)}. Edit them, 'git add' them, then run this again."
+        )
+    return resolutions.advance(repo, tree)
 
 
 def slug(subject: str) -> str:
@@ -75,6 +94,11 @@ def export(tree: Path, project: Project) -> list[str]:
     if not (tree / ".git").exists():
         raise ForkError(f"{tree} is not a git work tree made by 'python build.py checkout'.")
     repo = Repo(tree, bare=False)
+    if resolutions.in_progress(tree, repo):
+        raise ForkError(
+            f"{tree}: a cherry-pick is in progress (the carry stopped at a conflict). Resolve it, "
+            f"'git add' the files and run 'python build.py continue --dir {tree}' first."
+        )
     roots = repo.out("rev-list", "--max-parents=0", "HEAD").split()
     if len(roots) != 1:
         raise ForkError(f"{tree}: HEAD must descend from exactly one upstream commit, found {len(roots)}.")
@@ -102,6 +126,15 @@ def export(tree: Path, project: Project) -> list[str]:
             )
         rendered[name] = text
 
+    if supported_pins(project):
+        changed = _write_pin_series(repo, roots[0], pin, rendered, project)
+    else:
+        changed = _write_single_series(pin, rendered, project)
+    return changed + resolutions.save(repo, project.rerere_dir)
+
+
+def _write_single_series(pin: Pin, rendered: dict[str, str], project: Project) -> list[str]:
+    """A single-series project: ``series`` and ``patches/<name>``."""
     old_names: list[str] = []
     if project.series_file.exists():  # its patch files may be damaged: export rewrites them
         try:
@@ -127,4 +160,72 @@ def export(tree: Path, project: Project) -> list[str]:
     if not project.series_file.exists() or project.series_file.read_text() != series_text:
         write_atomic(project.series_file, series_text)
         changed.append(project.series_file.name)
+    return changed
+
+
+PREIMAGE = re.compile(r"^diff --git a/(\S+) b/\S+\n(?:(?!diff --git).*\n)*?index ([0-9a-f]+)\.\.", re.M)
+TOUCHED = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.M)
+
+
+def _preimages(text: str) -> dict[str, str]:
+    """Each touched file's blob id before the patch, from its ``index`` lines."""
+    return dict(PREIMAGE.findall(text))
+
+
+def _write_pin_series(
+    repo: Repo, root: str, pin: Pin, rendered: dict[str, str], project: Project
+) -> list[str]:
+    """``series/<pin>`` and the patches it names. A patch whose text the shared file
+    ``patches/<name>`` already has stays shared. A patch that touches only files upstream
+    does not have (the RBLN scheduler's own files) and starts from the same file contents
+    as the shared one updates the shared file, so a fix to it is made once for every pin.
+    Any other patch is shared when no other pin uses the shared file, else it is this
+    pin's own form, ``patches/<pin>/<name>``."""
+    pins = [s.pin for s in supported_pins(project)]
+    if pin not in pins:
+        raise ForkError(
+            f"the tree is at vllm {pin}, which is not in {project.pins_file.name} (supported: "
+            f'{", ".join(map(str, pins))}). Add [pin."{pin}"] there to make it a supported pin, '
+            f"then export again."
+        )
+    shared_elsewhere: set[str] = set()
+    for other in pins:
+        path = project.series_dir / str(other)
+        if other != pin and path.is_file():
+            shared_elsewhere |= {p.name for p in read_series(path, project.patches_dir).patches if not p.path}
+    entries: list[str] = []
+    writes: dict[Path, str] = {}
+    for name, text in rendered.items():
+        shared = project.patches_dir / name
+        old = shared.read_text() if shared.is_file() else None
+        paths = [m[0] for m in TOUCHED.findall(text)] + [m[1] for m in TOUCHED.findall(text)]
+        fork_only = not any(
+            repo.run("cat-file", "-e", f"{root}:{p}", ok_codes=(0, 1, 128))[0] == 0 for p in paths
+        )
+        if old == text:
+            entries.append(name)
+        elif (
+            old is None or name not in shared_elsewhere or (fork_only and _preimages(old) == _preimages(text))
+        ):
+            entries.append(name)
+            writes[shared] = text
+        else:
+            entries.append(f"{pin}/{name}")
+            writes[project.patches_dir / str(pin) / name] = text
+    changed = []
+    for path, text in writes.items():
+        if not path.is_file() or path.read_text() != text:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(path, text)
+            changed.append(str(path.relative_to(project.root)))
+    series_file = project.series_dir / str(pin)
+    series_text = render_series(pin, entries)
+    if not series_file.is_file() or series_file.read_text() != series_text:
+        write_atomic(series_file, series_text)
+        changed.append(str(series_file.relative_to(project.root)))
+    for path in unused_patch_files(project):
+        path.unlink()
+        changed.append(f"{path.relative_to(project.root)} (removed)")
+        if path.parent != project.patches_dir and not any(path.parent.iterdir()):
+            path.parent.rmdir()
     return changed

@@ -1,4 +1,5 @@
-"""The real build of vLLM 0.31.0 (the test runner built it; VLLM_RBLN_WHEEL names it)."""
+"""The real build of a supported vLLM pin (the test runner built it; VLLM_RBLN_WHEEL names it,
+VLLM_RBLN_PIN its pin)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
+PIN = os.environ.get("VLLM_RBLN_PIN", "0.31.0")  # the test runner sets it to the pin it built
+
+
 @pytest.fixture(scope="module")
 def wheel() -> Path:
     path = os.environ.get("VLLM_RBLN_WHEEL")
@@ -23,7 +27,7 @@ def wheel() -> Path:
 
 
 def test_wheel_name_version_and_tag(wheel: Path) -> None:
-    assert wheel.name.startswith("vllm-0.31.0+rbln.") and wheel.name.endswith("-py3-none-any.whl")
+    assert wheel.name.startswith(f"vllm-{PIN}+rbln.") and wheel.name.endswith("-py3-none-any.whl")
     version = wheel.name.split("-")[1]
     with zipfile.ZipFile(wheel) as zf:
         meta = zf.read(f"vllm-{version}.dist-info/METADATA").decode()
@@ -45,7 +49,7 @@ def test_patched_source_and_manifest_are_inside(wheel: Path) -> None:
     exec(compile(module, "_rbln_build.py", "exec"), namespace)
     manifest = namespace["MANIFEST"]
     assert isinstance(manifest, dict)
-    assert manifest["pin"] == "0.31.0"
+    assert manifest["pin"] == PIN
     backport = manifest["applied"][0]
     assert backport["origin"] == "backport, vllm-project/vllm#63288"
     beside = json.loads(wheel.with_name(wheel.name.removesuffix(".whl") + ".manifest.json").read_text())
@@ -56,7 +60,7 @@ def test_patched_source_and_manifest_are_inside(wheel: Path) -> None:
 def test_second_build_is_a_cache_hit_with_the_same_bytes(wheel: Path) -> None:
     before = wheel.read_bytes()
     out = subprocess.run(
-        [sys.executable, str(ROOT / "build.py"), "--pin", "0.31.0"],
+        [sys.executable, str(ROOT / "build.py"), "--pin", PIN],
         cwd=ROOT,
         capture_output=True,
         text=True,

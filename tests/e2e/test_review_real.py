@@ -16,15 +16,20 @@ from vllm_rbln_fork.pins import Pin
 from vllm_rbln_fork.project import Project
 from vllm_rbln_fork.review import STATUSES, contained_backports, review
 from vllm_rbln_fork.review.render import summary_lines, write_reports
-from vllm_rbln_fork.series import read_series
 from vllm_rbln_fork.source import SourceSpec
+from vllm_rbln_fork.supported import read_series_for, source_pin_for, supported_pins
 
-SERIES = read_series()
+PROJECT = Project.default()
+PINS = [str(s.pin) for s in supported_pins(PROJECT)]
 
 
-@pytest.mark.parametrize("pin", ["0.32.0", "0.33.0"])
+@pytest.mark.parametrize("pin", ["0.32.0", "0.33.0"])  # moves past the one supported pin
 def test_review_the_real_series(pin: str, tmp_path: Path) -> None:
-    result = review(Pin.parse(pin), SourceSpec.parse(None, None), Project.default())
+    """The review of each move between supported pins (the series of the pin before it,
+    carried onto it), as a maintainer runs it."""
+    source = source_pin_for(PROJECT, Pin.parse(pin))
+    SERIES = read_series_for(PROJECT, source)
+    result = review(Pin.parse(pin), SourceSpec.parse(None, None), PROJECT)
     print("\n".join(summary_lines(result)))
     assert [p.name for p in result.patches] == [p.name for p in SERIES.patches]
     assert all(p.status in STATUSES for p in result.patches)
@@ -45,12 +50,14 @@ def test_review_the_real_series(pin: str, tmp_path: Path) -> None:
     assert page.stat().st_size > 0
 
 
-def test_tripwire_no_dead_backport_at_the_series_pin() -> None:
+@pytest.mark.parametrize("pin", PINS)
+def test_tripwire_no_dead_backport_at_the_series_pin(pin: str) -> None:
     """Fails once the series' pin contains a backport that is still in the series: drop
     it (or give it Applied-Upstream:). The build would drop it by itself (proven on a
     synthetic pin: tests/tooling/test_build.py::test_backport_already_upstream_is_dropped_and_said
     and tests/tooling/test_review.py::test_tripwire_detects_a_backport_the_pin_contains)."""
-    backports = [p.name for p in SERIES.patches if p.is_backport]
+    series = read_series_for(PROJECT, Pin.parse(pin))
+    backports = [p.name for p in series.patches if p.is_backport]
     assert backports, "the series has no backport: nothing to guard"
-    dead = contained_backports(SERIES.exported_against, SourceSpec.parse(None, None), Project.default())
-    assert dead == [], f"dead backports at vllm {SERIES.exported_against}: {dead}"
+    dead = contained_backports(series.exported_against, SourceSpec.parse(None, None), PROJECT)
+    assert dead == [], f"dead backports at vllm {series.exported_against}: {dead}"

@@ -341,3 +341,9 @@ def review_fork(tmp_path: Path, index_server) -> Fork:
     project.root.mkdir()
     author_series(project, index_server, tmp_path, base="2.0", more=_review_series_more)
     return Fork(project, index_server)
+
+
+@pytest.fixture
+def publish_release(index_server: SyntheticIndex, tmp_path: Path) -> Callable[[str], None]:
+    """Publish one more synthetic release (any version of FILES or REVIEW_FILES)."""
+    return lambda version: index_server.publish(make_sdist(version, tmp_path))

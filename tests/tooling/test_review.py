@@ -240,8 +240,11 @@ def test_write_on_conflict_leaves_a_work_tree_and_keeps_the_series(review_fork) 
     tree = review_fork.project.work_dir / "conflict-v2.3"
     assert result.conflict_tree == tree and not result.wrote
     assert "<<<<<<<" in (tree / "vllm/core/gate.py").read_text()
-    assert "git cherry-pick --continue" in result.instructions
-    assert result.next_commands[1] == f"python build.py export --dir {tree}"
+    assert "python build.py continue --dir" in result.instructions
+    assert result.next_commands[1:3] == (
+        f"python build.py continue --dir {tree}",
+        f"python build.py export --dir {tree}",
+    )
     assert _snapshot(review_fork.project) == before
     assert result.exit_code == 1
 

@@ -61,6 +61,10 @@ def test_lint_rejects_unknown_origin_and_bad_version() -> None:
         ("p.patch\n", "Exported-Against"),
         ("# Exported-Against: vllm 0.31.0\np.patch\np.patch\n", "listed twice"),
         ("# Exported-Against: vllm 0.31.0\n../p.patch\n", "not a patch file name"),
+        ("# Exported-Against: vllm 0.31.0\nbanana/p.patch\n", "not a patch file name"),
+        ("# Exported-Against: vllm 0.31.0\n0.31.0/x/p.patch\n", "not a patch file name"),
+        ("# Exported-Against: vllm 0.31.0\np.patch\n0.31.0/p.patch\n", "listed twice"),
+        ("# Exported-Against: vllm 0.31.0\n0.32.0/p.patch\n", "does not exist"),
         ("# Exported-Against: vllm 0.31.0\np.patch -p1\n", "options are not supported"),
         ("# Exported-Against: vllm banana\n", "line 1"),
     ],
@@ -79,6 +83,34 @@ def test_series_with_comments_and_blank_lines(tmp_path) -> None:
     (tmp_path / "series").write_text("# header\n# Exported-Against: vllm 0.31.0\n\n# why\np.patch\n")
     series = read_series(tmp_path / "series", tmp_path / "patches")
     assert [p.name for p in series.patches] == ["p.patch"] and str(series.exported_against) == "0.31.0"
+
+
+def test_a_pins_own_form_is_named_by_pin_and_keeps_the_patch_name(tmp_path) -> None:
+    (tmp_path / "patches/0.32.0").mkdir(parents=True)
+    (tmp_path / "patches/0.32.0/p.patch").write_text(PATCH)
+    (tmp_path / "series").write_text("# Exported-Against: vllm 0.32.0\n0.32.0/p.patch\n")
+    [patch] = read_series(tmp_path / "series", tmp_path / "patches").patches
+    assert (patch.name, patch.entry) == ("p.patch", "0.32.0/p.patch")
+
+
+@pytest.mark.parametrize(
+    ("pins_toml", "message"),
+    [
+        ("[pin]\n", "lists no pins"),
+        ('[pin."banana"]\ntest-lock = "x.lock"\n', "not a PEP 440 version"),
+        ('[pin."0.31.0"]\n', "needs test-lock"),
+        ('[pin."0.31.0"]\ntest-lock = "missing.lock"\n', "needs test-lock"),
+        ("[pin\n", "not valid TOML"),
+    ],
+)
+def test_broken_pins_toml(tmp_path, pins_toml, message) -> None:
+    from vllm_rbln_fork.project import Project
+    from vllm_rbln_fork.supported import supported_pins
+
+    (tmp_path / "x.lock").write_text("pytest\n")
+    (tmp_path / "pins.toml").write_text(pins_toml)
+    with pytest.raises(SeriesError, match=message):
+        supported_pins(Project(tmp_path))
 
 
 def test_slug_names_patches_from_subjects() -> None:

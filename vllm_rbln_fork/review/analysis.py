@@ -28,10 +28,11 @@ from ..apply import Applied, Carried, StepKind, trailer_drop
 from ..gitrepo import Repo
 from ..pins import Pin
 from ..project import Project
-from ..series import Series, read_series
+from ..series import Series
 from ..source import SourceSpec
+from ..supported import read_series_for, source_pin_for
 from ..upstream import Upstream
-from .carry import carried_series, write_series
+from .carry import carried_series, check_writable, write_series
 from .difftext import FileDiff, normalized, own_lines, parse_diff
 from .model import ConflictHunk, Mark, PatchReview, Review, Status
 from .symbols import Sources, upstream_under
@@ -40,11 +41,22 @@ DIFF = ("diff", "--no-color", "--no-ext-diff", "--find-renames", "--abbrev=12")
 
 
 def review(
-    pin: Pin, spec: SourceSpec, project: Project, *, write: bool = False, series: Series | None = None
+    pin: Pin,
+    spec: SourceSpec,
+    project: Project,
+    *,
+    write: bool = False,
+    series: Series | None = None,
+    source: Pin | None = None,
 ) -> Review:
     """Carry the series onto ``pin`` and explain every patch; with ``write``, refresh the
-    series for ``pin`` (nothing conflicts) or leave a work tree at the first conflict."""
-    series = series or read_series(project.series_file, project.patches_dir)
+    series for ``pin`` (nothing conflicts) or leave a work tree at the first conflict.
+
+    With ``pins.toml``, the series carried is ``source``'s, by default the newest supported
+    pin older than ``pin`` (see ``supported.source_pin_for``)."""
+    if write:
+        check_writable(project, pin)
+    series = series or read_series_for(project, source_pin_for(project, pin, source))
     with carried_series(pin, spec, project, series, "review-") as run:
         repo, scratch, base, target, built, carried, head = run
         with log.phase("read what upstream changed under each patch"):

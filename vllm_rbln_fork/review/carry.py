@@ -20,13 +20,15 @@ from ..apply import (
     conflict_work_tree,
     resolve_instructions,
 )
+from ..errors import ForkError
 from ..gitrepo import Repo
 from ..paths import upstream_repo_dir
 from ..pins import Pin, PinsLock
 from ..pipeline import base_upstream, build_lock, prepare, scratch_dir
 from ..project import Project
-from ..series import Series, read_series
+from ..series import Series
 from ..source import SourceSpec
+from ..supported import read_series_for, supported_pins
 from ..upstream import Upstream
 from .model import Review
 
@@ -76,8 +78,17 @@ def write_series(
     if first is not None:
         rest = [c.item.commit for c in carried[first:] if not c.step.left_out]
         with log.phase(f"leave a work tree at the conflict of {carried[first].item.patch.name}"):
-            tree = conflict_work_tree(repo, target, carried[first].before, rest, project.work_dir)
-        return replace(result, wrote=False, conflict_tree=tree, instructions=resolve_instructions(tree))
+            tree, progress = conflict_work_tree(
+                repo, target, carried[first].before, rest, project.work_dir, project.rerere_dir
+            )
+        return replace(
+            result,
+            wrote=False,
+            conflict_tree=tree,
+            instructions=resolve_instructions(tree, progress),
+            reused=progress.reused,
+            carried_all=not progress.stopped,
+        )
     with log.phase(f"export the series carried onto vllm {target.pin}"):
         repo.run("update-ref", f"refs/heads/{target.branch}", head)
         clone = scratch / "export"
@@ -96,11 +107,22 @@ def write_series(
     return replace(result, written=tuple(changed), wrote=True)
 
 
+def check_writable(project: Project, pin: Pin) -> None:
+    """``--write`` exports the series for ``pin``: with ``pins.toml`` it must list ``pin``."""
+    pins = [s.pin for s in supported_pins(project)]
+    if pins and pin not in pins:
+        raise ForkError(
+            f"--write makes series/{pin}, but vllm {pin} is not in {project.pins_file.name} "
+            f'(supported: {", ".join(map(str, pins))}). Add [pin."{pin}"] with its test-lock '
+            f"there first: that is the step that makes a pin supported."
+        )
+
+
 def contained_backports(pin: Pin, spec: SourceSpec, project: Project) -> list[tuple[str, str]]:
     """The backports of the series that vllm ``pin`` already contains, with why: the same
     detection as the build's automatic drop (it reverse-applies, or carrying it changes
     nothing). The tripwire: a backport still in the series at a pin that has it is dead."""
-    series = read_series(project.series_file, project.patches_dir)
+    series = read_series_for(project, pin)
     with carried_series(pin, spec, project, series, "tripwire-") as run:
         carried = run.carried
     return [(c.item.patch.name, c.step.reason) for c in carried if c.step.kind is StepKind.UPSTREAMED]

@@ -128,6 +128,8 @@ class Review:
     wrote: bool = False
     conflict_tree: Path | None = None
     instructions: str = ""
+    reused: tuple[str, ...] = ()  # conflicted files resolved from recorded resolutions (rerere/)
+    carried_all: bool = False  # the conflict tree carried every patch (all conflicts reused)
 
     @property
     def counts(self) -> dict[Status, int]:
@@ -151,7 +153,14 @@ class Review:
         conflicts = any(p.status is Status.CONFLICT for p in self.patches)
         if conflicts and self.conflict_tree is not None:
             return (
-                f"cd {self.conflict_tree}  # resolve, git add, git cherry-pick --continue",
+                *(
+                    ()
+                    if self.carried_all
+                    else (
+                        f"cd {self.conflict_tree}  # resolve, git add",
+                        f"python build.py continue --dir {self.conflict_tree}",
+                    )
+                ),
                 f"python build.py export --dir {self.conflict_tree}",
                 f"python build.py --pin {pin} --review",
             )

@@ -54,7 +54,10 @@ def load_expected(path: Path, pin: str, patches_dir: Path | None = None) -> tupl
             why=_text(path, entry, "why", i),
             pins=tuple(pins),
         )
-        if patches_dir is not None and not (patches_dir / item.patch).is_file():
+        found = patches_dir is not None and any(
+            (patches_dir / where / item.patch).is_file() for where in ("", pin)
+        )
+        if patches_dir is not None and not found:
             raise ConformanceError(
                 f"{path}: {item.test} names patch {item.patch!r}, which is not in {patches_dir}. "
                 "Name the file of patches/ that causes the difference."

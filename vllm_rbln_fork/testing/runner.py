@@ -15,6 +15,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,9 +30,12 @@ from ..pins import Pin
 from ..pipeline import BuildResult, build
 from ..project import Project
 from ..source import SourceSpec
+from ..supported import read_series_for, supported_pins
 
 TIERS = ("tooling", "scheduler", "upstream", "e2e", "engine")
-VLLM_TEST_LOCK = PROJECT_ROOT / "requirements" / "vllm-test.lock"
+ROWS = ("tooling", "setup", *TIERS[1:])  # setup: build the wheel, trees and test venv of a pin
+# e2e files that test the pin's own wheel; the rest of tests/e2e runs once per test run.
+E2E_PER_PIN = ("tests/e2e/test_real_build.py", "tests/e2e/test_install_real_wheel.py")
 HF_FIXTURES = PROJECT_ROOT / "tests" / "fixtures" / "hf"
 VARIANTS = PROJECT_ROOT / "tests" / "scheduler" / "variants"
 
@@ -71,16 +75,17 @@ def _pytest(python: Path, paths: list[str], env: dict[str, str], report: Path, e
     return counts
 
 
-def vllm_venv(wheel: Path) -> Path:
-    """A venv with vLLM's pinned runtime deps and this wheel; made once, the wheel refreshed."""
-    key = sha256_of(VLLM_TEST_LOCK)[:16]
+def vllm_venv(wheel: Path, lock: Path) -> Path:
+    """A venv with vLLM's pinned runtime deps (``lock``) and this wheel; made once per lock
+    content (pins whose dependencies agree share it), the wheel refreshed."""
+    key = sha256_of(lock)[:16]
     env_dir = cache_root() / "venvs" / f"vllm-test-{key}"
     python = env_dir / "bin" / "python"
 
     def make(env_dir: Path) -> None:
         with log.phase(f"make the vLLM test venv {env_dir}"):
             proc.run([sys.executable, "-m", "venv", "--clear", env_dir])
-            proc.run([python, "-m", "pip", "install", "--quiet", "--require-hashes", "-r", VLLM_TEST_LOCK])
+            proc.run([python, "-m", "pip", "install", "--quiet", "--require-hashes", "-r", lock])
 
     made_once(env_dir, make)
     installed = env_dir / ".wheel-sha256"
@@ -90,7 +95,7 @@ def vllm_venv(wheel: Path) -> Path:
             proc.run([python, "-m", "pip", "install", "--quiet", "--force-reinstall", "--no-deps", wheel])
             proc.run(
                 [python, "-m", "pip", "check"],
-                hint=f"the wheel needs a dependency missing from {VLLM_TEST_LOCK.name}; add it there.",
+                hint=f"the wheel needs a dependency missing from {lock.name}; add it there.",
             )
             installed.write_text(digest)
     return python
@@ -142,39 +147,112 @@ def _engine_tier(pin: Pin, base_env: dict[str, str], reports: Path, pytest_args:
     return _pytest(python, ["tests/engine"], env, reports / "engine.xml", extra)
 
 
+@dataclass(frozen=True)
+class TierRun:
+    tier: str
+    pin: str  # "-" for the tooling tier, which needs no vLLM
+    seconds: float
+    counts: Counts
+
+
+def _pins(requested: list[str] | None, project: Project) -> list[Pin]:
+    if requested:
+        return [Pin.parse(p) for p in requested]
+    supported = [s.pin for s in supported_pins(project)]
+    return supported or [read_series_for(project).exported_against]
+
+
+def _test_lock(pin: Pin, project: Project) -> Path:
+    locks = {s.pin: s.test_lock for s in supported_pins(project)}
+    if pin in locks:
+        return locks[pin]
+    newest = supported_pins(project)[-1]
+    log.warn(f"vllm {pin} is not a supported pin: testing it with {newest.pin}'s test venv")
+    return newest.test_lock
+
+
+def time_table(runs: list[TierRun]) -> str:
+    """The per-tier, per-pin time table printed at the end of a run."""
+    pins = sorted({r.pin for r in runs if r.pin != "-"}, key=lambda p: Pin.parse(p)) + (
+        ["-"] if any(r.pin == "-" for r in runs) else []
+    )
+    tiers = [t for t in ROWS if any(r.tier == t for r in runs)]
+    by = {(r.tier, r.pin): r for r in runs}
+    width = max([len(t) for t in tiers] + [5])
+    lines = [
+        "time (s) and failures by tier and pin:",
+        f"{'tier':<{width}}" + "".join(f"{p:>16}" for p in pins),
+    ]
+    for tier in tiers:
+        cells = []
+        for pin in pins:
+            r = by.get((tier, pin))
+            cells.append(
+                f"{'':>16}"
+                if r is None
+                else f"{f'{r.seconds:.0f} s' + (f' ({r.counts.failed} F)' if r.counts.failed else ''):>16}"
+            )
+        lines.append(f"{tier:<{width}}" + "".join(cells))
+    per_pin = [sum(r.seconds for r in runs if r.pin == p) for p in pins]
+    lines.append(f"{'total':<{width}}" + "".join(f"{f'{s:.0f} s':>16}" for s in per_pin))
+    return "\n".join(lines)
+
+
 def run_tests(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="build.py test", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--tier", action="append", choices=TIERS, help="run only these tiers")
-    parser.add_argument("--pin", default="0.31.0", help="the pin the vLLM tiers build and test")
+    parser.add_argument(
+        "--pin",
+        action="append",
+        help="test only these pins (default: every supported pin, pins.toml); any release may be given",
+    )
     parser.add_argument("pytest_args", nargs="*", help="passed to every pytest run (after --)")
     args = parser.parse_args(argv)
     tiers = args.tier or list(TIERS)
     reports = Path(tempfile.mkdtemp(prefix="test-reports-"))
     base_env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
-    total = Counts()
+    project = Project.default()
+    runs: list[TierRun] = []
+
+    def timed(
+        tier: str, pin: str, python: Path, paths: list[str], env: dict[str, str], extra: list[str]
+    ) -> None:
+        start = time.perf_counter()
+        counts = _pytest(python, paths, env, reports / f"{tier}-{pin}.xml", extra)
+        runs.append(TierRun(tier, pin, time.perf_counter() - start, counts))
 
     if "tooling" in tiers:
-        total += _pytest(
+        timed(
+            "tooling",
+            "-",
             Path(sys.executable),
             ["tests/unit", "tests/tooling"],
             base_env,
-            reports / "tooling.xml",
             ["-n", "2", *args.pytest_args],
         )
 
     vllm_tiers = [t for t in tiers if t not in ("tooling", "engine")]
-    if vllm_tiers:
-        pin = Pin.parse(args.pin)
+    pins = _pins(args.pin, project) if [t for t in tiers if t != "tooling"] else []
+    for index, pin in enumerate(pins):
+        if "engine" in tiers:
+            start = time.perf_counter()
+            counts = _engine_tier(pin, base_env, reports, args.pytest_args)
+            runs.append(TierRun("engine", str(pin), time.perf_counter() - start, counts))
+        if not vllm_tiers:
+            continue
+        start = time.perf_counter()
         with log.phase(f"build the wheel of vllm {pin}"):
-            result: BuildResult = build(pin, SourceSpec.parse(None, None), Project.default())
+            result: BuildResult = build(pin, SourceSpec.parse(None, None), project)
         repo = Repo(upstream_repo_dir())
         patched = source_tree(repo, result.manifest.patched_commit, "patched")
         upstream = source_tree(repo, result.manifest.upstream_commit, "upstream")
-        python = vllm_venv(result.wheel)
+        python = vllm_venv(result.wheel, _test_lock(pin, project))
+        runs.append(TierRun("setup", str(pin), time.perf_counter() - start, Counts()))
         env = {
             **base_env,
+            "VLLM_RBLN_PIN": str(pin),
             "VLLM_RBLN_SOURCE_TREE": str(patched),
             "VLLM_RBLN_UPSTREAM_TREE": str(upstream),
             "VLLM_RBLN_VLLM_PYTHON": str(python),
@@ -184,22 +262,22 @@ def run_tests(argv: list[str]) -> int:
             "HF_HUB_OFFLINE": "1",
             "TRANSFORMERS_OFFLINE": "1",
         }
+        tag = str(pin)
         if "scheduler" in tiers:
             env["VLLM_RBLN_VARIANT_TREES"] = json.dumps(variant_trees(repo, result.manifest.patched_commit))
-            total += _pytest(
-                python, ["tests/scheduler"], env, reports / "scheduler.xml", ["-n", "2", *args.pytest_args]
-            )
-        tool_paths = [p for p, t in (("tests/upstream", "upstream"), ("tests/e2e", "e2e")) if t in tiers]
-        tool_paths = [p for p in tool_paths if (PROJECT_ROOT / p).is_dir()]
-        if tool_paths:
-            total += _pytest(
-                Path(sys.executable), tool_paths, env, reports / "tool-vllm.xml", args.pytest_args
-            )
+            timed("scheduler", tag, python, ["tests/scheduler"], env, ["-n", "2", *args.pytest_args])
+        for tier, paths in (
+            ("upstream", ["tests/upstream"]),
+            ("e2e", ["tests/e2e"] if index == 0 else list(E2E_PER_PIN)),
+        ):
+            if tier in tiers and all((PROJECT_ROOT / p).exists() for p in paths):
+                timed(tier, tag, Path(sys.executable), paths, env, args.pytest_args)
 
-    if "engine" in tiers:
-        total += _engine_tier(Pin.parse(args.pin), base_env, reports, args.pytest_args)
-
-    print(f"\nall tiers ({', '.join(tiers)}):")
+    total = Counts()
+    for r in runs:
+        total += r.counts
+    print(f"\n{time_table(runs)}")
+    print(f"\nall tiers ({', '.join(tiers)}) at {', '.join(map(str, pins)) or 'no pin'}:")
     print(
         f"{total.passed} passed, {total.failed} failed"
         + (f", {total.skipped} skipped" if total.skipped else "")

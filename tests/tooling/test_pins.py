@@ -1,0 +1,154 @@
+"""Several supported pins from one checkout (pins.toml, series/<pin>, patches/<pin>/), and
+conflict resolutions recorded once and reused (rerere/), on the synthetic upstream.
+
+1.3 and 2.3 rewrote the backport's line the same way (GATE_1_3), so carrying the 1.0
+series onto either meets the same conflict: the one a move meets at 0.32.0 and again
+at 0.33.0.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from vllm_rbln_fork.errors import PatchDoesNotApply
+from vllm_rbln_fork.gitrepo import Repo
+from vllm_rbln_fork.pins import Pin
+from vllm_rbln_fork.pipeline import build
+from vllm_rbln_fork.review import review
+from vllm_rbln_fork.supported import series_file_for, supported_pins
+from vllm_rbln_fork.workflow import continue_carry, export
+
+CONFLICT = re.compile(r"<<<<<<< [^\n]*\n.*?>>>>>>> [^\n]*\n", re.S)
+RESOLVED = "    needed = 2 * prompt_tokens + 1\n"
+
+
+def _resolve_by_hand(tree: Path) -> None:
+    gate = tree / "vllm/core/gate.py"
+    gate.write_text(CONFLICT.sub(RESOLVED, gate.read_text()))
+    Repo(tree, bare=False).run("add", "-f", "vllm/core/gate.py", cwd=tree, in_work_tree=True)
+
+
+def _move_by_hand(fork: Any, pin: str) -> Path:
+    """The move a maintainer makes: build stops at the conflict, resolve, continue."""
+    with pytest.raises(PatchDoesNotApply):
+        build(Pin.parse(pin), fork.spec(), fork.project)
+    tree = fork.project.work_dir / f"conflict-v{pin}"
+    _resolve_by_hand(tree)
+    assert not continue_carry(tree).stopped
+    return tree
+
+
+def test_a_resolution_recorded_at_one_pin_is_reused_at_the_next_on_a_fresh_machine(
+    fork: Any, publish_release: Callable[[str], None], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    publish_release("2.3")
+    before = {
+        p: p.read_bytes() for p in [fork.project.series_file, *fork.project.patches_dir.glob("*.patch")]
+    }
+    tree = _move_by_hand(fork, "1.3")
+    written = export(tree, fork.project)
+    records = [w for w in written if w.startswith("rerere/")]
+    assert len(records) == 1 and (fork.project.root / records[0] / "postimage").is_file()
+    for path, data in before.items():  # 2.3 is carried from the 1.0 series again
+        path.write_bytes(data)
+    shutil.rmtree(fork.project.work_dir)
+
+    # Without the record (the control: what the reuse saves), the move to 2.3 stops.
+    kept = tmp_path / "kept-records"
+    shutil.move(fork.project.rerere_dir, kept)
+    monkeypatch.setenv("VLLM_RBLN_FORK_CACHE", str(tmp_path / "machine-2"))
+    stopped = review(Pin.parse("2.3"), fork.spec(), fork.project, write=True)
+    assert stopped.conflict_tree is not None and not stopped.carried_all and stopped.reused == ()
+    assert "<<<<<<<" in (stopped.conflict_tree / "vllm/core/gate.py").read_text()
+
+    # With it, on another fresh cache, every patch is carried and the file is the hand resolution.
+    shutil.move(kept, fork.project.rerere_dir)
+    monkeypatch.setenv("VLLM_RBLN_FORK_CACHE", str(tmp_path / "machine-3"))
+    result = review(Pin.parse("2.3"), fork.spec(), fork.project, write=True)
+    assert result.carried_all and result.reused == ("vllm/core/gate.py",)
+    assert result.conflict_tree is not None
+    gate = (result.conflict_tree / "vllm/core/gate.py").read_text()
+    assert RESOLVED in gate and "<<<<<<<" not in gate
+    assert "resolved from recorded resolutions" in result.instructions
+    assert result.next_commands[0].startswith("python build.py export --dir")
+
+
+def _per_pin_project(fork: Any) -> None:
+    """Turn the fork's one series (on 1.0) into the per-pin layout with pins 1.0 and 1.3."""
+    root = fork.project.root
+    series = fork.project.series_file.read_text()
+    fork.project.series_file.unlink()
+    (root / "series").mkdir()
+    (root / "series" / "1.0").write_text(series)
+    (root / "test.lock").write_text("pytest\n")
+    (root / "pins.toml").write_text(
+        '[pin."1.0"]\ntest-lock = "test.lock"\n[pin."1.3"]\ntest-lock = "test.lock"\n'
+    )
+
+
+def test_each_supported_pin_builds_its_own_series_and_other_pins_carry_the_newest(fork: Any) -> None:
+    _per_pin_project(fork)
+    tree = _move_by_hand(fork, "1.3")
+    written = export(tree, fork.project)
+    assert "series/1.3" in written and "series/1.0" not in written
+    entries = [
+        line for line in (fork.project.root / "series" / "1.3").read_text().splitlines() if line[:1] != "#"
+    ]
+    # Both patches touch upstream's gate.py, and 1.0 still uses the shared files: 1.3's own forms.
+    assert entries == ["1.3/count-one-more-slot-at-admission.patch", "1.3/add-rbln-padding.patch"]
+    assert (fork.project.patches_dir / "count-one-more-slot-at-admission.patch").is_file()  # 1.0's
+
+    for pin in ("1.0", "1.3"):
+        result = build(Pin.parse(pin), fork.spec(), fork.project)
+        assert result.manifest.series_exported_against == pin  # its own series: nothing carried
+        assert [p.name for p in result.manifest.applied] == [
+            "count-one-more-slot-at-admission.patch",
+            "add-rbln-padding.patch",
+        ]
+    assert [str(s.pin) for s in supported_pins(fork.project)] == ["1.0", "1.3"]
+    assert series_file_for(fork.project, Pin.parse("9.9")) == fork.project.root / "series" / "1.3"
+    assert series_file_for(fork.project, Pin.parse("1.0")) == fork.project.root / "series" / "1.0"
+
+
+def test_a_fix_to_a_file_only_the_fork_has_is_made_once_for_every_pin(fork: Any, tmp_path: Path) -> None:
+    """An RBLN-only file (like rbln_scheduler.py) lives in one shared patch; fixing it at one
+    pin rewrites that one file, which every pin's series names."""
+    from vllm_rbln_fork.workflow import checkout
+
+    _per_pin_project(fork)
+    tree = _move_by_hand(fork, "1.3")
+    repo = Repo(tree, bare=False)
+    env = {"GIT_AUTHOR_NAME": "Dev", "GIT_AUTHOR_EMAIL": "d@x.invalid", "GIT_COMMITTER_NAME": "Dev"}
+    env |= {"GIT_COMMITTER_EMAIL": "d@x.invalid", "GIT_AUTHOR_DATE": "@1700000000 +0000"}
+    env |= {"GIT_COMMITTER_DATE": "@1700000000 +0000"}
+    (tree / "vllm/core/rbln_extra.py").write_text("LIMIT = 1\n")
+    repo.run("add", "-A", "-f", cwd=tree, in_work_tree=True)
+    message = (
+        "Add the RBLN limit\n\nThe RBLN scheduler needs a limit of its own, in a file of its own.\n\n"
+        "Origin: rbln\n"
+    )
+    repo.run("commit", "-q", "-m", message, env=env, cwd=tree, in_work_tree=True)
+    export(tree, fork.project)
+    assert (fork.project.root / "series" / "1.3").read_text().splitlines()[-1] == "add-the-rbln-limit.patch"
+    # 1.0 takes the same patch (a maintainer adds the line; the file is shared).
+    with (fork.project.root / "series" / "1.0").open("a") as f:
+        f.write("add-the-rbln-limit.patch\n")
+
+    fix = checkout(Pin.parse("1.0"), fork.spec(), fork.project, tmp_path / "fix")
+    (fix / "vllm/core/rbln_extra.py").write_text("LIMIT = 2\n")
+    fixrepo = Repo(fix, bare=False)
+    fixrepo.run("commit", "-q", "-a", "--amend", "--no-edit", env=env, cwd=fix, in_work_tree=True)
+    written = export(fix, fork.project)
+    assert written == ["patches/add-the-rbln-limit.patch"]  # one file, for both pins
+    for pin in ("1.0", "1.3"):
+        wheel = build(Pin.parse(pin), fork.spec(), fork.project).wheel
+        import zipfile
+
+        with zipfile.ZipFile(wheel) as zf:
+            assert zf.read("vllm/core/rbln_extra.py").decode() == "LIMIT = 2\n"
