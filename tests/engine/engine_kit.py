@@ -85,6 +85,7 @@ class Outcome:
     steps: int = 0  # counting schedulers only
     seconds: float = 0.0  # wall time of generate() (not the engine's start)
     vllm_file: str = ""  # which vllm ran (the installed wheel, or a variant site)
+    async_scheduling: bool = False  # the engine's own setting after the platform's changes
     log: str = ""
 
 
@@ -206,6 +207,8 @@ def _run_here(job: dict[str, Any]) -> dict[str, Any]:
         "preempted_before_first_token": counting_scheduler.PREEMPTED_BEFORE_FIRST_TOKEN[0],
         "steps": counting_scheduler.STEPS[0],
         "vllm_file": vllm.__file__,
+        # What the engine really runs with (the platform may override what was asked).
+        "async_scheduling": bool(llm.llm_engine.vllm_config.scheduler_config.async_scheduling),
         "seconds": seconds,
     }
 
