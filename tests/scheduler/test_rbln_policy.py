@@ -292,3 +292,38 @@ def test_async_load_admission_does_not_take_the_decodes_step() -> None:
     driver.run(100)
     assert driver.finished == {"d1", "d2", "load"}
     h.assert_all_blocks_free(scheduler)
+
+
+def _with_async_scheduling(**kwargs: Any) -> Scheduler:
+    """The RBLN scheduler under a config whose async scheduling is on, as
+    vLLM resolves it by default (for EAGLE, MTP and draft-model drafters
+    too); the harness's config validation refuses async + ngram, so it is
+    switched on after validation, where the engine core would find it."""
+    from tests.v1.core.utils import create_scheduler
+
+    rbln = h._rbln_scheduler_cls()
+
+    def factory(*, vllm_config: Any, **scheduler_kwargs: Any) -> Scheduler:
+        vllm_config.scheduler_config.async_scheduling = True
+        return rbln(vllm_config=vllm_config, **scheduler_kwargs)
+
+    return create_scheduler(scheduler_cls=factory, block_size=h.BLOCK_SIZE, max_model_len=512, **kwargs)  # type: ignore[arg-type]
+
+
+def test_async_scheduling_with_a_drafter_is_refused() -> None:
+    """Risk 5: drafts never reach a `Scheduler` (not `AsyncScheduler`) under
+    async scheduling, so spec decoding would silently stop."""
+    with pytest.raises(ValueError, match="does not support async scheduling.*--no-async-scheduling"):
+        _with_async_scheduling(num_speculative_tokens=SPEC, speculative_method="ngram")
+
+
+def test_async_scheduling_without_a_drafter_warns(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    with caplog.at_level(logging.WARNING):
+        scheduler = _with_async_scheduling()
+    assert scheduler.num_spec_tokens == 0
+    assert any(
+        "not an AsyncScheduler" in record.getMessage() and "--no-async-scheduling" in record.getMessage()
+        for record in caplog.records
+    )
