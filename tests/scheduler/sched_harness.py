@@ -301,23 +301,40 @@ class LivelockCase:
     """One case of the regression matrix of the admission livelock."""
 
     prompt_len: int
-    # Sub-block prefix caching: None = off (no prefix caching at all), else
-    # the sub-block size (prefix caching on, hits on sub-block boundaries).
+    # Sub-block prefix caching: None = off (no prefix caching at all, unless
+    # `whole_block_caching`), else the sub-block size (prefix caching on,
+    # hits on sub-block boundaries).
     sub_block_size: int | None
     kv_connector: bool
+    # Beyond the design's 12 cases: prefix caching on with sub-block caching
+    # off (whole-block hits), and a connector that finds `connector_hit`
+    # tokens for every request (loaded synchronously, or asynchronously).
+    whole_block_caching: bool = False
+    connector_hit: int = 0
+    connector_async: bool = False
 
     @property
     def hash_block_size(self) -> int:
         return BLOCK_SIZE if self.sub_block_size is None else self.sub_block_size
 
     @property
+    def prefix_caching(self) -> bool:
+        return self.sub_block_size is not None or self.whole_block_caching
+
+    @property
     def id(self) -> str:
         sub_block = "off" if self.sub_block_size is None else str(self.sub_block_size)
+        if self.whole_block_caching:
+            sub_block += "-whole-block-caching"
         connector = "connector" if self.kv_connector else "no-connector"
+        if self.connector_hit:
+            connector += f"-hit{self.connector_hit}" + ("-async" if self.connector_async else "")
         return f"prompt{self.prompt_len}-subblock-{sub_block}-{connector}"
 
 
 PROMPT_LENS = (32, 26)
+# The connector hit of the extra cases: the first block of every prompt.
+CONNECTOR_HIT = 16
 # Sub-block prefix caching off, and on at sub-block sizes 4 and 8.
 SUB_BLOCK_SIZES: tuple[int | None, ...] = (None, 4, 8)
 LIVELOCK_CASES = tuple(
@@ -325,6 +342,27 @@ LIVELOCK_CASES = tuple(
     for prompt_len in PROMPT_LENS
     for sub_block_size in SUB_BLOCK_SIZES
     for kv_connector in (False, True)
+)
+# The cases the design's matrix does not reach (issue 14): whole-block prefix
+# caching with sub-block caching off (the matrix's "off" turns prefix caching
+# off altogether), and connector hits (the matrix's connector never hits; the
+# production setup had an LMCache connector with hits), sync and async, with
+# every caching mode.
+EXTRA_LIVELOCK_CASES = tuple(
+    [LivelockCase(prompt_len, None, False, whole_block_caching=True) for prompt_len in PROMPT_LENS]
+    + [
+        LivelockCase(
+            prompt_len,
+            sub_block_size,
+            True,
+            whole_block_caching=whole,
+            connector_hit=CONNECTOR_HIT,
+            connector_async=is_async,
+        )
+        for prompt_len in PROMPT_LENS
+        for sub_block_size, whole in ((None, False), (None, True), (4, False), (8, False))
+        for is_async in (False, True)
+    ]
 )
 
 # The two drafting decodes. Each has a 20-token prompt and holds 2 blocks:
@@ -366,13 +404,59 @@ def rbln_scheduler_factory(additional_config: dict[str, Any] | None = None) -> C
     return make
 
 
+# A connector's external store holding the first `matched_tokens` tokens of
+# every prompt: vLLM's MockKVConnector, but its hit is what lies past the
+# local hit it is shown (the mock reports the same hit whatever the request
+# has computed, which overruns a readmitted prompt's own cached prefix).
+PREFIX_HIT_CONNECTOR = "RBLNTestPrefixHitConnector"
+
+
+def prefix_hit_connector_cls() -> type:
+    from tests.v1.kv_connector.unit.utils import MockKVConnector
+
+    class PrefixHitConnector(MockKVConnector):
+        def get_num_new_matched_tokens(
+            self, request: Any, num_computed_tokens: int
+        ) -> tuple[int | None, bool]:
+            stored = min(self.config.matched_tokens, request.num_prompt_tokens - 1)
+            hit = max(0, stored - num_computed_tokens)
+            return hit, self.config.is_async and hit > 0
+
+    return PrefixHitConnector
+
+
+def _register_prefix_hit_connector() -> None:
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+
+    if PREFIX_HIT_CONNECTOR not in KVConnectorFactory._registry:
+        KVConnectorFactory._registry[PREFIX_HIT_CONNECTOR] = prefix_hit_connector_cls
+
+
 def make_livelock_scheduler(case: LivelockCase, progress_guarantee: bool = True) -> Scheduler:
     from tests.v1.core.utils import create_scheduler, mock_kv
+    from vllm.config import KVTransferConfig
+
+    settings = None if case.sub_block_size is None else sub_block_settings(case.sub_block_size)
+    scheduler_cls: Any = rbln_scheduler_factory(settings)
+    if case.connector_hit:
+        _register_prefix_hit_connector()
+        rbln = scheduler_cls
+
+        def scheduler_cls(*, vllm_config: Any, **kwargs: Any) -> Scheduler:
+            vllm_config.kv_transfer_config = KVTransferConfig(
+                kv_connector=PREFIX_HIT_CONNECTOR,
+                kv_role="kv_both",
+                kv_connector_extra_config={
+                    "matched_tokens": case.connector_hit,
+                    "is_async": case.connector_async,
+                },
+            )
+            # As vLLM's config does for a connector without HMA support.
+            vllm_config.scheduler_config.disable_hybrid_kv_cache_manager = True
+            return rbln(vllm_config=vllm_config, **kwargs)
 
     scheduler = create_scheduler(
-        scheduler_cls=rbln_scheduler_factory(
-            None if case.sub_block_size is None else sub_block_settings(case.sub_block_size)
-        ),  # type: ignore[arg-type]
+        scheduler_cls=scheduler_cls,
         block_size=BLOCK_SIZE,
         num_blocks=LIVELOCK_NUM_BLOCKS,
         # Prefill chunks of 16 tokens: both prompts take two chunks.
@@ -382,10 +466,10 @@ def make_livelock_scheduler(case: LivelockCase, progress_guarantee: bool = True)
         speculative_method="ngram",
         # Sub-block caching "off": no prefix caching at all, so no cache hit
         # can let a later admission attempt succeed (or fail) by luck.
-        enable_prefix_caching=case.sub_block_size is not None,
+        enable_prefix_caching=case.prefix_caching,
         # A connector that finds nothing: the admission runs the connector's
-        # code path with the same block numbers.
-        use_kv_connector=mock_kv(0, False) if case.kv_connector else None,
+        # code path with the same block numbers (the extra cases: a hit).
+        use_kv_connector=mock_kv(0, False) if case.kv_connector and not case.connector_hit else None,
     )
     set_progress_guarantee(scheduler, progress_guarantee)
     return scheduler
@@ -470,12 +554,17 @@ def run_livelock_case(case: LivelockCase, progress_guarantee: bool = True) -> Li
 
 def _main(argv: list[str]) -> int:
     guarantee = "--no-progress-guarantee" not in argv
-    argv = [arg for arg in argv if arg != "--no-progress-guarantee"]
+    extra = "--extra" in argv
+    argv = [arg for arg in argv if arg not in ("--no-progress-guarantee", "--extra")]
     if len(argv) != 3 or argv[1] != "matrix":
-        print(f"usage: {argv[0]} matrix <vllm-source-tree> [--no-progress-guarantee]", file=sys.stderr)
+        print(
+            f"usage: {argv[0]} matrix <vllm-source-tree> [--no-progress-guarantee] [--extra]",
+            file=sys.stderr,
+        )
         return 2
     load_vllm_test_harness(argv[2])
-    outcomes = [run_livelock_case(case, guarantee).__dict__ for case in LIVELOCK_CASES]
+    cases = LIVELOCK_CASES + (EXTRA_LIVELOCK_CASES if extra else ())
+    outcomes = [run_livelock_case(case, guarantee).__dict__ for case in cases]
     import vllm
 
     print(json.dumps({"vllm": vllm.__file__, "outcomes": outcomes}))

@@ -25,6 +25,14 @@ def test_livelock_case_finishes_without_preemption(case: h.LivelockCase) -> None
     assert outcome.all_blocks_free, f"{case.id}: blocks leaked"
 
 
+@pytest.mark.parametrize("case", h.EXTRA_LIVELOCK_CASES, ids=lambda case: case.id)
+def test_extra_livelock_case_finishes_without_preemption(case: h.LivelockCase) -> None:
+    """Beyond the design's 12: whole-block prefix caching with sub-block
+    caching off, and a connector that holds the first block of every prompt
+    (loaded sync or async), with every caching mode."""
+    test_livelock_case_finishes_without_preemption(case)
+
+
 @pytest.mark.parametrize("prompt_len", h.PROMPT_LENS)
 def test_prompt_waits_for_the_decodes_to_free_blocks(prompt_len: int) -> None:
     """The mechanism: the gate refuses the prompt while only two blocks are

@@ -49,17 +49,19 @@ def variant_tree(name: str) -> Path:
     return Path(trees[name])
 
 
-def run_matrix_in(tree: Path, progress_guarantee: bool = False) -> dict[str, dict[str, Any]]:
+def run_matrix_in(
+    tree: Path, progress_guarantee: bool = False, extra: bool = False
+) -> dict[str, dict[str, Any]]:
     """The matrix's outcomes with vLLM and its test harness imported from `tree`.
 
     The variants run without the progress guarantee by default: the proofs
     are about the gate's arithmetic, and the guarantee rescues the cases
     whose prefill chunk fails (`test_the_progress_guarantee_...`)."""
-    extra = [] if progress_guarantee else ["--no-progress-guarantee"]
+    flags = ([] if progress_guarantee else ["--no-progress-guarantee"]) + (["--extra"] if extra else [])
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(tree), *filter(None, [env.get("PYTHONPATH")])])
     result = subprocess.run(
-        [sys.executable, str(HARNESS), "matrix", str(tree), *extra],
+        [sys.executable, str(HARNESS), "matrix", str(tree), *flags],
         env=env,
         capture_output=True,
         text=True,
@@ -150,3 +152,34 @@ def test_the_progress_guarantee_lets_the_prefill_progress_without_the_backport()
     assert without["prompt32-subblock-off-no-connector"]["preemptions"] == 3
     for case_id in PROMPT26_IDS:
         assert with_guarantee[case_id]["preemptions"] == without[case_id]["preemptions"] > 0, case_id
+
+
+EXTRA_IDS = [case.id for case in h.EXTRA_LIVELOCK_CASES]
+EXTRA_PROMPT26_IDS = [case.id for case in h.EXTRA_LIVELOCK_CASES if case.prompt_len == 26]
+EXTRA_WHOLE_BLOCK_NO_CONNECTOR_IDS = [
+    case.id for case in h.EXTRA_LIVELOCK_CASES if case.whole_block_caching and not case.kv_connector
+]
+
+
+def test_the_extra_cases_fail_without_the_fix() -> None:
+    """The extra cases are not vacuous. Without the backport, whole-block
+    prefix caching fails both prompts and a connector hit fails every
+    26-token case; counting only the lookahead fails exactly the 26-token
+    cases, as in the design's matrix. The 32-token prompt with a connector
+    hit escapes either way: its first 16 tokens are loaded, so its one
+    prefill chunk asks for 32 + 3 lookahead slots, 3 blocks, at its own
+    allocation, which two free blocks refuse before the gate's arithmetic
+    matters."""
+    no_backport = run_matrix_in(variant_tree("no-backport"), extra=True)
+    lookahead_only = run_matrix_in(variant_tree("lookahead-only"), extra=True)
+    control_ids = sorted(CASE_IDS + EXTRA_IDS)
+    assert sorted(no_backport) == sorted(lookahead_only) == control_ids
+    extra_failing = [case_id for case_id in failing_cases(no_backport) if case_id in EXTRA_IDS]
+    assert sorted(extra_failing) == sorted(set(EXTRA_PROMPT26_IDS) | set(EXTRA_WHOLE_BLOCK_NO_CONNECTOR_IDS))
+    extra_failing = [case_id for case_id in failing_cases(lookahead_only) if case_id in EXTRA_IDS]
+    assert sorted(extra_failing) == sorted(EXTRA_PROMPT26_IDS)
+
+
+def test_control_patched_tree_passes_the_extra_cases(source_tree: Path) -> None:
+    outcomes = run_matrix_in(source_tree, progress_guarantee=False, extra=True)
+    assert failing_cases(outcomes) == []

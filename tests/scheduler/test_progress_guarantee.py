@@ -114,3 +114,40 @@ def test_the_guarantee_holds_at_the_livelock_geometry(policy: str) -> None:
     assert driver.finished == {"d1", "d2", "P"}
     assert driver.preemptions.get("P", 0) == 0, driver.preemptions
     h.assert_all_blocks_free(scheduler)
+
+
+@pytest.mark.parametrize("progress_guarantee", [True, False], ids=["guarantee", "no-guarantee"])
+def test_dp_throttling_lets_the_decodes_run_between_a_prefills_chunks(progress_guarantee: bool) -> None:
+    """Risk 7: what holds under DP prefill throttling (docs/scheduler.md).
+    The admission step runs no decode, so the gate decides against the pool
+    before any decode of that step. But a throttled step defers the
+    admitted prompt's next chunk, and the step falls back to the decodes,
+    which grow into the blocks the gate counted for the prompt: its next
+    chunk then cannot get them. With the progress guarantee a decode is
+    preempted (FCFS: the most recent one); without it the prompt preempts
+    itself. Either way everything finishes."""
+    from tests.v1.core.utils import create_scheduler
+
+    scheduler = create_scheduler(
+        scheduler_cls=h._rbln_scheduler_cls(),  # type: ignore[arg-type]
+        block_size=h.BLOCK_SIZE,
+        num_blocks=8,
+        max_num_batched_tokens=h.PREFILL_CHUNK,
+        max_model_len=256,
+        num_speculative_tokens=SPEC,
+        speculative_method="ngram",
+    )
+    h.set_progress_guarantee(scheduler, progress_guarantee)
+    driver = h.Driver(scheduler, throttle=_cadence)
+    driver.add(h.make_request("d1", h.distinct_prompt(1, 24), max_tokens=10))
+    driver.add(h.make_request("d2", h.distinct_prompt(2, 16), max_tokens=10))
+    for _ in range(3):
+        driver.step()
+    driver.add(h.make_request("P", h.distinct_prompt(3, 32), max_tokens=4))
+    driver.run(300)
+    assert driver.finished == {"d1", "d2", "P"}
+    chunks = [i for i, record in enumerate(driver.steps) if "P" in record.prefill_req_ids]
+    # Decode steps ran between the prompt's first and second chunk.
+    assert any(driver.steps[i].decode_req_ids for i in range(chunks[0] + 1, chunks[1]))
+    assert driver.preemptions == ({"d2": 1} if progress_guarantee else {"P": 1})
+    h.assert_all_blocks_free(scheduler)
