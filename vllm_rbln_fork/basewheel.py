@@ -269,6 +269,9 @@ def git_blob_id(data: bytes) -> str:
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
+CODE_SUFFIXES = (".py", ".pyi")  # compared with the sdist; data files come from the base
+
+
 def tree_blobs(repo: Repo, commit: str, tops: Iterable[str]) -> dict[str, str]:
     """path -> blob id of every file under ``tops`` in ``commit``."""
     out = repo.out("ls-tree", "-r", "-z", "--full-tree", commit, "--", *tops)
@@ -297,22 +300,35 @@ def check_base(base: BaseWheel, pin: Pin, repo: Repo, upstream_commit: str, poli
             )
         tops = sorted({n.split("/", 1)[0] for n in zf.namelist() if "/" in n and not n.startswith(dist_info)})
         upstream = tree_blobs(repo, upstream_commit, tops)
-        differing, absent = [], []
+        differing, absent, startup = [], [], []
         for info in zf.infolist():
             path = info.filename
-            if not path.endswith(".py") or path.startswith(dist_info) or path in policy.python_differences:
+            if path.endswith(".pth"):
+                startup.append(path)  # run by every interpreter start: never from a base wheel
+            allowed = path in policy.python_differences
+            if not path.endswith(CODE_SUFFIXES) or path.startswith(dist_info) or allowed:
                 continue
             if path not in upstream:
                 absent.append(path)
             elif git_blob_id(zf.read(info)) != upstream[path]:
                 differing.append(path)
-    if differing or absent:
+        in_base = set(zf.namelist())
+    # A module the sdist has and the base lacks would be left out of the wheel silently.
+    missing = [
+        p
+        for p in upstream
+        if p.endswith(CODE_SUFFIXES) and p not in in_base and p not in policy.python_differences
+    ]
+    if differing or absent or missing or startup:
         lines = [f"  differs from the sdist: {p}" for p in sorted(differing)[:20]]
         lines += [f"  not in the sdist: {p}" for p in sorted(absent)[:20]]
-        more = len(differing) + len(absent) - len(lines)
+        lines += [f"  in the sdist, not in the base: {p}" for p in sorted(missing)[:20]]
+        lines += [f"  a .pth file (runs at interpreter start): {p}" for p in sorted(startup)[:20]]
+        more = len(differing) + len(absent) + len(missing) + len(startup) - len(lines)
         raise BaseWheelError(
             f"{base.filename}'s Python is not vLLM {pin}'s: {len(differing)} file(s) differ from the "
-            f"sdist and {len(absent)} are not in it"
+            f"sdist, {len(absent)} are not in it, {len(missing)} of its are not in the base"
+            + (f", {len(startup)} .pth file(s)" if startup else "")
             + (f" ({more} more not shown)" if more > 0 else "")
             + ":\n"
             + "\n".join(lines)

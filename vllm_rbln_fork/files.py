@@ -5,6 +5,7 @@ Standard library only (build.py's bootstrap may use it before any package is ins
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import re
@@ -86,10 +87,17 @@ def made_once(directory: Path, make: Callable[[Path], None]) -> Path:
     ``.complete`` marker, written last, tells a finished one from an interrupted one
     (which is removed and made again)."""
     marker = directory / ".complete"
-    if not marker.exists():
-        shutil.rmtree(directory, ignore_errors=True)
-        make(directory)
-        marker.write_text("")
+    if marker.exists():
+        return directory
+    # Two test runs sharing a cache must not remove each other's half-made directory
+    # (fcntl, not filelock: this module is standard library only).
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    with open(directory.parent / f".{directory.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not marker.exists():
+            shutil.rmtree(directory, ignore_errors=True)
+            make(directory)
+            marker.write_text("")
     return directory
 
 

@@ -134,8 +134,9 @@ def variant_site(patch: Path, dest: Path) -> Path:
                     ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
     for name in re.findall(r"^\+\+\+ b/(\S+)$", patch.read_text(), re.M):
         target = dest / name
-        target.unlink()
-        shutil.copyfile(installed.parent / name, target)
+        target.unlink(missing_ok=True)  # a file the patch creates is not there yet
+        if (installed.parent / name).exists():
+            shutil.copyfile(installed.parent / name, target)
     subprocess.run(["git", "apply", str(patch)], cwd=dest, check=True)
     return dest
 

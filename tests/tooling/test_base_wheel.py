@@ -47,8 +47,9 @@ A long description that must survive byte for byte.
 """
 
 
-def make_base(dest: Path, version: str = "1.0", files: dict[str, str] | None = None) -> Path:
-    """A binary vLLM wheel as vLLM's CPU build ships it: WHEEL says cp312, the name says abi3."""
+def make_base(dest: Path, version: str = "1.0", files: dict[str, str | None] | None = None) -> Path:
+    """A binary vLLM wheel as vLLM's CPU build ships it: WHEEL says cp312, the name says abi3.
+    ``files`` adds or replaces files; a ``None`` leaves that file out."""
     py = {
         "vllm/__init__.py": f'__version__ = "{version}"\n',
         "vllm/core/__init__.py": "",
@@ -59,7 +60,8 @@ def make_base(dest: Path, version: str = "1.0", files: dict[str, str] | None = N
     path = dest / BASE_NAME.format(version=version)
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
         for name, text in sorted(py.items()):
-            zf.writestr(name, text)
+            if text is not None:
+                zf.writestr(name, text)
         so = zipfile.ZipInfo("vllm/_C.abi3.so", (2020, 1, 1, 0, 0, 0))
         so.external_attr = (stat.S_IFREG | 0o755) << 16
         zf.writestr(so, SO_BYTES)
@@ -166,6 +168,22 @@ def test_a_base_whose_python_differs_is_refused_and_names_the_files(base_fork, t
     assert "differs from the sdist: vllm/core/gate.py" in text
     assert "not in the sdist: vllm/core/extra.py" in text
     assert "base-wheel.toml" in text
+    assert not (base_fork.project.dist_dir).exists() or not list(base_fork.project.dist_dir.iterdir())
+
+
+def test_a_base_missing_a_module_or_carrying_a_pth_file_is_refused(base_fork, tmp_path) -> None:
+    # The overlay copies the patched .py files the base has: a module the base lacks would be
+    # left out of the wheel silently, and a .pth file runs at every interpreter start.
+    base = make_base(
+        tmp_path / "bases",
+        files={"vllm/core/gate.py": None, "vllm/core/gate.pyi": "reserve: int\n", "evil.pth": "import os\n"},
+    )
+    with pytest.raises(BaseWheelError) as err:
+        build(Pin.parse("1.0"), base_fork.spec(), base_fork.project, base_wheel=_spec(base))
+    text = str(err.value)
+    assert "in the sdist, not in the base: vllm/core/gate.py" in text
+    assert "not in the sdist: vllm/core/gate.pyi" in text
+    assert "a .pth file (runs at interpreter start): evil.pth" in text
     assert not (base_fork.project.dist_dir).exists() or not list(base_fork.project.dist_dir.iterdir())
 
 

@@ -85,12 +85,14 @@ def engine_venv(wheel: Path, lock: Path = ENGINE_LOCK) -> Path:
         raise ForkError(f"{INSTALL_DOC}'s venv block makes no venv ('python -m venv DIR').")
     key = f"{sha256_of(wheel)[:16]}-{sha256_of(lock)[:8]}-{hashlib.sha256(block.encode()).hexdigest()[:8]}"
     root = cache_root() / "venvs"
-    env_dir = root / f"engine-{key}"
+    pin = wheel.name.split("-")[1].split("+")[0]  # one venv a pin: a run at every pin reuses each
+    env_dir = root / f"engine-{pin}-{key}"
     python = env_dir / venv_name.group(1) / "bin" / "python"
 
     def make(env_dir: Path) -> None:
-        for old in root.glob("engine-*"):
-            shutil.rmtree(old, ignore_errors=True)
+        for old in root.glob(f"engine-{pin}-*"):  # an older wheel's venv of this pin (2.5 GB)
+            if old != env_dir:
+                shutil.rmtree(old, ignore_errors=True)
         env_dir.mkdir(parents=True)
         script = re.sub(r"\./vllm-\S+\.whl", shlex.quote(str(wheel)), block)
         with log.phase(f"make the engine venv in {env_dir} (docs/install.md, block 1)"):
