@@ -57,19 +57,28 @@ def supported_pins(project: Project) -> tuple[SupportedPin, ...]:
 
 
 def series_file_for(project: Project, pin: Pin | None = None) -> Path:
-    """The series that builds ``pin``: its own if it has one; else (a pin being moved to, or
-    one not supported) the newest one, carried onto it. ``None``: the newest."""
+    """The series that builds ``pin``: its own (``series/<pin>``, also for a pin being moved
+    to and not yet in ``pins.toml``), else the newest supported one, carried onto it.
+    ``None``: the newest supported one."""
     supported = supported_pins(project)
     if not supported:
         return project.series_file
+    if pin is not None and (project.series_dir / str(pin)).is_file():
+        return project.series_dir / str(pin)
     have = [s.pin for s in supported if (project.series_dir / str(s.pin)).is_file()]
     if not have:
         raise SeriesError(
             f"{project.pins_file.name} lists {', '.join(str(s.pin) for s in supported)}, but series/ "
             f"has none of them. Each supported pin needs its series, series/<pin>."
         )
-    chosen = pin if pin in have else have[-1]
-    return project.series_dir / str(chosen)
+    return project.series_dir / str(have[-1])
+
+
+def series_pins(project: Project) -> list[Pin]:
+    """Every pin with a series of its own in series/: the supported ones and any being moved to."""
+    if not project.series_dir.is_dir():
+        return []
+    return sorted(Pin.parse(p.name) for p in project.series_dir.iterdir() if p.is_file())
 
 
 def read_series_for(project: Project, pin: Pin | None = None) -> Series:
@@ -95,10 +104,9 @@ def source_pin_for(project: Project, target: Pin, source: Pin | None = None) -> 
 
 
 def unused_patch_files(project: Project) -> list[Path]:
-    """Files under patches/ that no supported pin's series names (export removes them)."""
+    """Files under patches/ that no series in series/ names (export removes them)."""
     named: set[Path] = set()
-    for s in supported_pins(project):
-        path = project.series_dir / str(s.pin)
-        if path.is_file():
-            named |= {project.patches_dir / p.entry for p in read_series(path, project.patches_dir).patches}
+    for pin in series_pins(project):
+        series = read_series(project.series_dir / str(pin), project.patches_dir)
+        named |= {project.patches_dir / p.entry for p in series.patches}
     return sorted(p for p in project.patches_dir.rglob("*.patch") if p not in named)

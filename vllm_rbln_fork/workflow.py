@@ -18,7 +18,7 @@ from .pipeline import apply_series, build_lock, prepare, scratch_dir
 from .project import Project
 from .series import lint, parse_patch, read_series, read_series_names, render_series
 from .source import SourceSpec
-from .supported import read_series_for, supported_pins, unused_patch_files
+from .supported import read_series_for, series_pins, supported_pins, unused_patch_files
 
 # Pinned so that exporting an unchanged branch changes no byte, whatever the
 # user's git config says. Blob ids are abbreviated to a fixed length; they stay
@@ -181,17 +181,11 @@ def _write_pin_series(
     as the shared one updates the shared file, so a fix to it is made once for every pin.
     Any other patch is shared when no other pin uses the shared file, else it is this
     pin's own form, ``patches/<pin>/<name>``."""
-    pins = [s.pin for s in supported_pins(project)]
-    if pin not in pins:
-        raise ForkError(
-            f"the tree is at vllm {pin}, which is not in {project.pins_file.name} (supported: "
-            f'{", ".join(map(str, pins))}). Add [pin."{pin}"] there to make it a supported pin, '
-            f"then export again."
-        )
+    pins = [p for p in {*series_pins(project), *(s.pin for s in supported_pins(project))} if p != pin]
     shared_elsewhere: set[str] = set()
     for other in pins:
         path = project.series_dir / str(other)
-        if other != pin and path.is_file():
+        if path.is_file():
             shared_elsewhere |= {p.name for p in read_series(path, project.patches_dir).patches if not p.path}
     entries: list[str] = []
     writes: dict[Path, str] = {}
