@@ -23,7 +23,7 @@ PROJECT = Project.default()
 PINS = [str(s.pin) for s in supported_pins(PROJECT)]
 
 
-@pytest.mark.parametrize("pin", ["0.32.0", "0.33.0"])  # moves past the one supported pin
+@pytest.mark.parametrize("pin", PINS[1:])
 def test_review_the_real_series(pin: str, tmp_path: Path) -> None:
     """The review of each move between supported pins (the series of the pin before it,
     carried onto it), as a maintainer runs it."""
