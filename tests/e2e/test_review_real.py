@@ -17,10 +17,10 @@ from vllm_rbln_fork.project import Project
 from vllm_rbln_fork.review import STATUSES, contained_backports, review
 from vllm_rbln_fork.review.render import summary_lines, write_reports
 from vllm_rbln_fork.source import SourceSpec
-from vllm_rbln_fork.supported import read_series_for, source_pin_for, supported_pins
+from vllm_rbln_fork.supported import read_series_for, series_pins, source_pin_for
 
 PROJECT = Project.default()
-PINS = [str(s.pin) for s in supported_pins(PROJECT)]
+PINS = [str(p) for p in series_pins(PROJECT)]  # every pin with a series of its own
 
 
 @pytest.mark.parametrize("pin", PINS[1:])
