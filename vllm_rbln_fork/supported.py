@@ -14,6 +14,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import log
 from .errors import BadPin, SeriesError
 from .pins import Pin
 from .project import Project
@@ -78,7 +79,15 @@ def series_pins(project: Project) -> list[Pin]:
     """Every pin with a series of its own in series/: the supported ones and any being moved to."""
     if not project.series_dir.is_dir():
         return []
-    return sorted(Pin.parse(p.name) for p in project.series_dir.iterdir() if p.is_file())
+    pins = []
+    for path in project.series_dir.iterdir():
+        if not path.is_file():
+            continue
+        try:
+            pins.append(Pin.parse(path.name))
+        except BadPin:  # an editor's backup or a note: not a series, and no reason to fail
+            log.warn(f"series/{path.name} is not named after a vLLM release; ignored")
+    return sorted(pins)
 
 
 def read_series_for(project: Project, pin: Pin | None = None) -> Series:

@@ -21,7 +21,7 @@ from vllm_rbln_fork.gitrepo import Repo
 from vllm_rbln_fork.pins import Pin
 from vllm_rbln_fork.pipeline import build
 from vllm_rbln_fork.review import review
-from vllm_rbln_fork.supported import series_file_for, supported_pins
+from vllm_rbln_fork.supported import series_file_for, series_pins, supported_pins
 from vllm_rbln_fork.workflow import continue_carry, export
 
 CONFLICT = re.compile(r"<<<<<<< [^\n]*\n.*?>>>>>>> [^\n]*\n", re.S)
@@ -152,3 +152,13 @@ def test_a_fix_to_a_file_only_the_fork_has_is_made_once_for_every_pin(fork: Any,
 
         with zipfile.ZipFile(wheel) as zf:
             assert zf.read("vllm/core/rbln_extra.py").decode() == "LIMIT = 2\n"
+
+
+def test_a_file_in_series_that_is_not_a_pin_is_ignored(fork: Any) -> None:
+    series_dir = fork.project.series_dir
+    series_dir.unlink()  # the fixture's single-series project: series is a file, not series/<pin>
+    series_dir.mkdir()
+    (series_dir / "1.0").write_text("# a pin's series\n")
+    (series_dir / "1.0~").write_text("# an editor's backup\n")
+    (series_dir / "README").write_text("notes\n")
+    assert series_pins(fork.project) == [Pin.parse("1.0")]
