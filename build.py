@@ -18,13 +18,9 @@ needs a bigger lock installs the difference into it once.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import os
-import shutil
-import subprocess
 import sys
-import venv
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
@@ -64,6 +60,12 @@ def ensure_tool_env(env_dir: Path, lock: Path) -> Path:
     done = installed_marker(env_dir, lock)
     if done.exists():
         return python
+    # Imported only to make an environment: a run that finds it ready re-execs at once.
+    import fcntl
+    import shutil
+    import subprocess
+    import venv
+
     env_dir.parent.mkdir(parents=True, exist_ok=True)
     with open(env_dir.parent / f"{env_dir.name}.lock", "w") as held:
         fcntl.flock(held, fcntl.LOCK_EX)  # another build.py may be installing it

@@ -200,13 +200,16 @@ def _build(args: argparse.Namespace) -> int:
 
         if not (args.publish and is_url(args.publish)):
             _build_parser().error("--check-index goes with --publish <upload URL>")
-    from .basewheel import BaseWheelSpec
     from .pipeline import build
 
     start = time.perf_counter()
     pin = Pin.parse(args.pin)
     spec = SourceSpec.parse(args.source, args.index_url)
-    base = BaseWheelSpec.parse(args.base_wheel) if args.base_wheel else None
+    base = None
+    if args.base_wheel:
+        from .basewheel import BaseWheelSpec
+
+        base = BaseWheelSpec.parse(args.base_wheel)
     result = build(pin, spec, Project.default(), use_cache=not args.no_cache, base_wheel=base)
     m = result.manifest
     console.print(

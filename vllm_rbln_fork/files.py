@@ -26,6 +26,40 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _stamp(path: Path) -> str:
+    """What changes whenever a file's bytes may have: device, inode, size, mtime and ctime
+    (ns). ctime cannot be set back by a user, so an edit that restores mtime is seen too."""
+    st = path.stat()
+    return f"{st.st_dev} {st.st_ino} {st.st_size} {st.st_mtime_ns} {st.st_ctime_ns}"
+
+
+def _memo_file(path: Path, memo_dir: Path) -> Path:
+    return memo_dir / hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:32]
+
+
+def remember_sha256(path: Path, sha256: str, memo_dir: Path) -> None:
+    """Record that ``path``, as it is now, has ``sha256`` (for :func:`sha256_remembered`)."""
+    write_atomic(_memo_file(path, memo_dir), f"{_stamp(path)} {sha256}\n", durable=False)
+
+
+def sha256_remembered(path: Path, memo_dir: Path) -> str:
+    """``sha256_of(path)``, not read again while the file is unchanged: the hash is kept in
+    ``memo_dir`` against the file's stat stamp (:func:`_stamp`), and any write, copy over,
+    rename over or chmod gives another stamp, so the file is hashed afresh."""
+    memo = _memo_file(path, memo_dir)
+    stamp = _stamp(path)
+    try:
+        known_stamp, _, known = memo.read_text().strip().rpartition(" ")
+    except FileNotFoundError:
+        known_stamp = known = ""
+    if known_stamp == stamp and len(known) == 64:
+        return known
+    sha256 = sha256_of(path)
+    if _stamp(path) == stamp:  # not changed while it was read
+        remember_sha256(path, sha256, memo_dir)
+    return sha256
+
+
 def tree_id(root: Path, *subdirs: str) -> str:
     """A content hash of ``subdirs`` of ``root`` (paths and bytes, ``__pycache__`` left out):
     the same files give the same id, git or not."""
@@ -40,10 +74,11 @@ def tree_id(root: Path, *subdirs: str) -> str:
     return digest.hexdigest()
 
 
-def write_atomic(path: Path, data: str | bytes, *, skip_if_same: bool = False) -> None:
+def write_atomic(path: Path, data: str | bytes, *, skip_if_same: bool = False, durable: bool = True) -> None:
     """Write through a temp file in the same directory, flushed to disk, and rename it into
     place (mode 0644): a reader sees the old file or the new one. With ``skip_if_same``, a
-    file that already holds ``data`` is left alone (its time too)."""
+    file that already holds ``data`` is left alone (its time too). ``durable=False`` skips
+    the fsync, for a file that is only a cache of something that can be worked out again."""
     raw = data.encode() if isinstance(data, str) else data
     if skip_if_same and path.is_file() and path.read_bytes() == raw:
         return
@@ -53,7 +88,8 @@ def write_atomic(path: Path, data: str | bytes, *, skip_if_same: bool = False) -
         with os.fdopen(fd, "wb") as f:
             f.write(raw)
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         os.chmod(tmp, 0o644)  # mkstemp makes 0600; these files are meant to be read by others
         os.replace(tmp, path)
     except BaseException:

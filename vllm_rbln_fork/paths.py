@@ -32,5 +32,10 @@ def wheel_cache_dir() -> Path:
     return cache_root() / "wheels"
 
 
+def hash_memo_dir() -> Path:
+    """Remembered sha256 of big files that have not changed (files.sha256_remembered)."""
+    return cache_root() / "hashes"
+
+
 def locks_dir() -> Path:
     return cache_root() / "locks"

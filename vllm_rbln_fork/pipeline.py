@@ -14,29 +14,28 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from . import __version__, log
-from .apply import AppliedSeries, carry_series, checkout_into, commit_series_on, materialize
-from .basewheel import (
-    BaseWheelSpec,
-    Policy,
-    check_base,
-    fetch_base_wheel,
-    overlay,
-)
-from .files import sha256_of, tree_id, write_atomic
-from .gitrepo import Repo
+from .files import remember_sha256, sha256_of, sha256_remembered, tree_id, write_atomic
 from .locks import held
 from .manifest import BuildManifest, PatchRecord
-from .paths import PROJECT_ROOT, cache_root, locks_dir, upstream_repo_dir, wheel_cache_dir
+from .paths import PROJECT_ROOT, cache_root, hash_memo_dir, locks_dir, upstream_repo_dir, wheel_cache_dir
 from .pins import Pin, PinsLock
 from .project import Project
 from .releases import release_number
 from .series import Patch, Series
 from .source import SourceKind, SourceSpec, clone_ref, copy_tree, fetch_sdist, unpack_sdist
 from .supported import read_series_for, supported_pins
-from .upstream import Upstream, find, import_tree
-from .wheel import build_wheel
+
+# A cache hit needs only the modules above. The stages that a hit skips (git: apply,
+# gitrepo, upstream; the wheel build: wheel, packaging.metadata; --base-wheel: basewheel)
+# are imported where they run, so a hit does not pay a third of a second to import them.
+if TYPE_CHECKING:
+    from .apply import AppliedSeries
+    from .basewheel import BaseWheelSpec
+    from .gitrepo import Repo
+    from .upstream import Upstream
 
 BUILD_LOCK = PROJECT_ROOT / "requirements" / "build.lock"
 
@@ -85,6 +84,8 @@ def prepare(
     fetched: tuple[Path, str] | None = None,
 ) -> Prepared:
     """Make sure ``pin``'s upstream commit exists; unpack only when it does not."""
+    from .upstream import find, import_tree
+
     if spec.is_canonical:
         if fetched is None:
             with log.phase(f"source vllm {pin}"):
@@ -134,6 +135,8 @@ def apply_series(
     project: Project,
 ) -> AppliedSeries:
     """Commit the series on the pin it was exported against and carry it onto ``target``."""
+    from .apply import carry_series, commit_series_on
+
     base = base_upstream(repo, series, target, spec, lock, scratch)
     with log.phase(f"apply {len(series.patches)} patches"):
         built = commit_series_on(repo, base, series, scratch)
@@ -202,6 +205,8 @@ def build(
         key = fetched = base = policy = None
         base_identity = ""
         if base_wheel is not None:
+            from .basewheel import Policy, fetch_base_wheel
+
             policy = Policy.load(pin, project.base_wheel_policy)
             with log.phase(f"base wheel {base_wheel.location}"):
                 base = fetch_base_wheel(base_wheel, _index_url(spec), lock)
@@ -212,6 +217,10 @@ def build(
             key = cache_key(key_parts(fetched[1], series, pin, base_identity))
             if use_cache and (hit := _cached(key, project, pin)):
                 return hit
+        from .apply import checkout_into, materialize
+        from .gitrepo import Repo
+        from .wheel import build_wheel
+
         repo = Repo(upstream_repo_dir())
         target = prepare(repo, pin, spec, lock, scratch, fetched)
         if key is None:
@@ -219,6 +228,8 @@ def build(
             if use_cache and (hit := _cached(key, project, pin)):
                 return hit
         if base is not None and policy is not None:
+            from .basewheel import check_base
+
             with log.phase(f"check {base.filename}'s Python against vllm {pin}'s sdist"):
                 facts = check_base(base, pin, repo, target.upstream.commit, policy)
         result = apply_series(repo, series, target, spec, lock, scratch, project)
@@ -246,6 +257,8 @@ def build(
                 base_wheel_sha256=base.sha256,
                 base_wheel_device=facts.device,
             )
+            from .basewheel import overlay
+
             with log.phase(f"put the patched Python over {base.filename}"):
                 wheel = overlay(
                     base,
@@ -264,11 +277,7 @@ def build(
 
 
 def _index_url(spec: SourceSpec) -> str:
-    if spec.kind == "index":
-        return spec.location
-    from .index_client import configured_index_url
-
-    return configured_index_url()
+    return spec.index_url() if spec.kind is SourceKind.INDEX else SourceSpec.parse(None, None).index_url()
 
 
 def _manifest(
@@ -305,6 +314,7 @@ def _store(key: str, wheel: Path, manifest: BuildManifest) -> Path:
     shutil.copy2(wheel, tmp / wheel.name)
     (tmp / "manifest.json").write_text(manifest.to_json())
     tmp.rename(entry)
+    remember_sha256(entry / wheel.name, manifest.wheel_sha256, hash_memo_dir())
     return entry
 
 
@@ -314,7 +324,7 @@ def _cached(key: str, project: Project, pin: Pin) -> BuildResult | None:
         return None
     manifest = BuildManifest.from_json((entry / "manifest.json").read_text())
     wheel = entry / manifest.wheel_file
-    if not wheel.exists() or sha256_of(wheel) != manifest.wheel_sha256:
+    if not wheel.exists() or sha256_remembered(wheel, hash_memo_dir()) != manifest.wheel_sha256:
         log.warn(f"the cached wheel in {entry} is damaged; rebuilding")
         shutil.rmtree(entry, ignore_errors=True)
         return None
@@ -325,12 +335,15 @@ def _cached(key: str, project: Project, pin: Pin) -> BuildResult | None:
 
 
 def _install_into_dist(entry: Path, project: Project, *, cached: bool) -> BuildResult:
-    """Copy wheel and manifest into dist/ through temp files and renames: never half-written."""
+    """Copy wheel and manifest into dist/ through temp files and renames: never half-written.
+    A wheel already in dist/ with the right bytes (its remembered sha256) is left alone."""
     manifest = BuildManifest.from_json((entry / "manifest.json").read_text())
     dist = project.dist_dir
     dist.mkdir(parents=True, exist_ok=True)
     wheel = dist / manifest.wheel_file
     manifest_file = dist / (manifest.wheel_file.removesuffix(".whl") + ".manifest.json")
-    for src, dest in ((entry / manifest.wheel_file, wheel), (entry / "manifest.json", manifest_file)):
-        write_atomic(dest, src.read_bytes())
+    if not (wheel.is_file() and sha256_remembered(wheel, hash_memo_dir()) == manifest.wheel_sha256):
+        write_atomic(wheel, (entry / manifest.wheel_file).read_bytes())
+        remember_sha256(wheel, manifest.wheel_sha256, hash_memo_dir())
+    write_atomic(manifest_file, (entry / "manifest.json").read_bytes(), skip_if_same=True)
     return BuildResult(wheel, manifest_file, manifest, cached)

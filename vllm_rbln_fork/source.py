@@ -16,8 +16,8 @@ from pathlib import Path
 
 from . import log
 from .errors import ForkError, SourceHashMismatch, UnsafeSource
-from .files import sha256_of
-from .paths import downloads_dir
+from .files import sha256_remembered
+from .paths import downloads_dir, hash_memo_dir
 from .pins import LockedSdist, Pin, PinsLock
 
 
@@ -33,7 +33,7 @@ class SourceSpec:
     """What the user asked for: where the pin's source comes from."""
 
     kind: SourceKind
-    location: str  # index URL, local path, or git URL
+    location: str  # index URL ("" for the index pip is configured with), local path, or git URL
     ref: str | None = None
 
     def __post_init__(self) -> None:
@@ -42,11 +42,9 @@ class SourceSpec:
     @classmethod
     def parse(cls, source: str | None, index_url: str | None) -> SourceSpec:
         if source is None:
-            if index_url is None:
-                from .index_client import configured_index_url  # asks pip: only when needed
-
-                index_url = configured_index_url()
-            return cls(SourceKind.INDEX, index_url)
+            # No index given: pip's is asked for only when the index is needed (a cache hit
+            # of a locked pin never needs it, and asking pip takes a subprocess).
+            return cls(SourceKind.INDEX, index_url or "")
         if source.startswith("git+"):
             url, sep, ref = source[4:].rpartition("@")
             if not sep or not url or not ref:
@@ -58,6 +56,14 @@ class SourceSpec:
         if path.is_dir():
             return cls(SourceKind.TREE, str(path))
         raise ForkError(f"--source {source!r} is neither an sdist (.tar.gz), a directory, nor git+URL@REF.")
+
+    def index_url(self) -> str:
+        """The index to ask: the one given, else the one pip is configured with."""
+        if self.location:
+            return self.location
+        from .index_client import configured_index_url  # asks pip: only when needed
+
+        return configured_index_url()
 
     @property
     def is_canonical(self) -> bool:
@@ -72,20 +78,21 @@ def fetch_sdist(pin: Pin, spec: SourceSpec, lock: PinsLock) -> tuple[Path, str]:
     """
     if spec.kind is SourceKind.SDIST:
         path = Path(spec.location)
-        sha256 = sha256_of(path)
+        sha256 = sha256_remembered(path, hash_memo_dir())
         lock.check_or_record(pin, LockedSdist(path.name, sha256, path.stat().st_size))
         return path, sha256
     locked = lock.get(pin)
     if locked is not None:
         cached = downloads_dir() / locked.filename
-        if cached.exists() and sha256_of(cached) == locked.sha256:
+        if cached.exists() and sha256_remembered(cached, hash_memo_dir()) == locked.sha256:
             return cached, locked.sha256
     from . import index_client as index  # the index client is heavy to import: not on the cache-hit path
 
-    remote = index.find_sdist(pin, spec.location)
+    index_url = spec.index_url()
+    remote = index.find_sdist(pin, index_url)
     if locked is not None and locked.sha256 != remote.sha256:
         raise SourceHashMismatch(
-            f"the index {spec.location} offers {remote.filename} with sha256 {remote.sha256}, but "
+            f"the index {index_url} offers {remote.filename} with sha256 {remote.sha256}, but "
             f"pins.lock recorded {locked.sha256} for vllm {pin}. Nothing was downloaded or built. "
             f"Use the index the lock was made from (--index-url), or, if upstream really "
             f"re-released it, remove the entry from pins.lock after review."

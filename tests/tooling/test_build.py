@@ -85,6 +85,44 @@ def test_second_build_is_a_cache_hit(fork) -> None:
     assert second.cached and second.manifest.wheel_sha256 == first.manifest.wheel_sha256
 
 
+def test_a_hit_on_a_locked_pin_asks_neither_pip_nor_the_index(fork, monkeypatch) -> None:
+    from vllm_rbln_fork import index_client
+    from vllm_rbln_fork.source import SourceSpec
+
+    first = build(Pin.parse("1.0"), fork.spec(), fork.project)  # records the pin in pins.lock
+
+    def no_asking(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a cache hit asked pip or the index")
+
+    monkeypatch.setattr(index_client, "configured_index_url", no_asking)
+    monkeypatch.setattr(index_client, "find_sdist", no_asking)
+    second = build(Pin.parse("1.0"), SourceSpec.parse(None, None), fork.project)
+    assert second.cached and second.manifest.wheel_sha256 == first.manifest.wheel_sha256
+
+
+def _damage(path: Path) -> None:
+    """Change one byte, keeping the size and the mtime (only the ctime tells)."""
+    st = path.stat()
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    with path.open("r+b") as f:
+        f.write(data)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def test_a_hit_mends_a_damaged_wheel_in_dist_and_rebuilds_a_damaged_cached_one(fork, isolated_cache) -> None:
+    first = build(Pin.parse("1.0"), fork.spec(), fork.project)
+    good = first.wheel.read_bytes()
+    build(Pin.parse("1.0"), fork.spec(), fork.project)  # a hit: the hashes are remembered now
+    _damage(first.wheel)
+    again = build(Pin.parse("1.0"), fork.spec(), fork.project)
+    assert again.cached and again.wheel.read_bytes() == good
+    (cached,) = (isolated_cache / "wheels").glob(f"*/{first.wheel.name}")
+    _damage(cached)
+    rebuilt = build(Pin.parse("1.0"), fork.spec(), fork.project)
+    assert not rebuilt.cached and rebuilt.wheel.read_bytes() == good
+
+
 BUILD_IN_A_COPY = """
 import sys
 from pathlib import Path
