@@ -136,6 +136,13 @@ def _export_parser() -> argparse.ArgumentParser:
         description="Write the commits of a checked-out tree back to patches/ and series.",
     )
     parser.add_argument("--dir", type=Path, required=True, help="the tree 'build.py checkout' made")
+    parser.add_argument(
+        "--promote",
+        action="store_true",
+        help="write a changed patch on the fork's own files (the RBLN scheduler's) to the shared "
+        "patches/<name> that other pins' series name, instead of this pin's own form; those pins "
+        "must then be tested (docs/patch-workflow.md)",
+    )
     return parser
 
 
@@ -292,11 +299,24 @@ def _checkout(args: argparse.Namespace) -> int:
 def _export(args: argparse.Namespace) -> int:
     from .workflow import export
 
-    changed = export(args.dir.resolve(), Project.default())
-    if not changed:
+    result = export(args.dir.resolve(), Project.default(), promote=args.promote)
+    if not result.changed:
         console.print("export: patches/ and series are unchanged")
-    for name in changed:
+    for name in result.changed:
         console.print(f"    wrote {name}")
+    for name, pins in result.kept_own.items():
+        others = ", ".join(map(str, pins))
+        console.print(
+            f"[yellow]note[/yellow] {name} changed at this pin only: {others} still build the shared "
+            f"patches/{name}. To make the change for every pin, export again with --promote, then "
+            "test those pins."
+        )
+    for name, pins in result.promoted.items():
+        console.print(
+            f"[yellow]promoted[/yellow] patches/{name}: also in the series of {', '.join(map(str, pins))}"
+        )
+        for pin in pins:
+            console.print(f"    test it: python build.py test --pin {pin}")
     return 0
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import resolutions
@@ -86,10 +87,26 @@ def slug(subject: str) -> str:
     return (text[:64].rstrip("-") or "patch") + ".patch"
 
 
-def export(tree: Path, project: Project) -> list[str]:
-    """Write one patch per commit since the upstream root, and the series; return changed files.
+@dataclass(frozen=True)
+class Exported:
+    """What an export wrote, and what it asks of the maintainer."""
 
-    Everything is checked and rendered first, then written: a failing export writes nothing.
+    # Files written or removed, relative to the project root.
+    changed: list[str]
+    # A fork-only patch changed at this pin that other pins' series name plainly: written
+    # as this pin's own form; the other pins keep the shared file. {name: those pins}.
+    kept_own: dict[str, list[Pin]] = field(default_factory=dict)
+    # Promoted (``promote=True``): the shared file changed for every pin that names it;
+    # those pins must be tested again. {name: those pins, this one excluded}.
+    promoted: dict[str, list[Pin]] = field(default_factory=dict)
+
+
+def export(tree: Path, project: Project, *, promote: bool = False) -> Exported:
+    """Write one patch per commit since the upstream root, and the series.
+
+    A change to a shared patch that other pins' series name is written as this pin's own
+    form unless ``promote`` is given; see ``_write_pin_series``. Everything is checked and
+    rendered first, then written: a failing export writes nothing.
     """
     if not (tree / ".git").exists():
         raise ForkError(f"{tree} is not a git work tree made by 'python build.py checkout'.")
@@ -127,10 +144,12 @@ def export(tree: Path, project: Project) -> list[str]:
         rendered[name] = text
 
     if supported_pins(project):
-        changed = _write_pin_series(repo, roots[0], pin, rendered, project)
+        result = _write_pin_series(repo, roots[0], pin, rendered, project, promote=promote)
     else:
-        changed = _write_single_series(pin, rendered, project)
-    return changed + resolutions.save(repo, project.rerere_dir)
+        result = Exported(_write_single_series(pin, rendered, project))
+    return Exported(
+        result.changed + resolutions.save(repo, project.rerere_dir), result.kept_own, result.promoted
+    )
 
 
 def _write_single_series(pin: Pin, rendered: dict[str, str], project: Project) -> list[str]:
@@ -173,22 +192,40 @@ def _preimages(text: str) -> dict[str, str]:
 
 
 def _write_pin_series(
-    repo: Repo, root: str, pin: Pin, rendered: dict[str, str], project: Project
-) -> list[str]:
-    """``series/<pin>`` and the patches it names. A patch whose text the shared file
-    ``patches/<name>`` already has stays shared. A patch that touches only files upstream
-    does not have (the RBLN scheduler's own files) and starts from the same file contents
-    as the shared one updates the shared file, so a fix to it is made once for every pin.
-    Any other patch is shared when no other pin uses the shared file, else it is this
-    pin's own form, ``patches/<pin>/<name>``."""
-    pins = [p for p in {*series_pins(project), *(s.pin for s in supported_pins(project))} if p != pin]
-    shared_elsewhere: set[str] = set()
-    for other in pins:
+    repo: Repo, root: str, pin: Pin, rendered: dict[str, str], project: Project, *, promote: bool
+) -> Exported:
+    """``series/<pin>`` and the patches it names.
+
+    * A patch whose text the shared file ``patches/<name>`` already has stays shared.
+    * A new patch, or one no other pin's series names plainly, is the shared file.
+    * A patch other pins name plainly is written as this pin's own form,
+      ``patches/<pin>/<name>``: a change made and tested at one pin never reaches
+      another pin's build unasked.
+    * Except with ``promote``, for a patch that touches only files upstream does not have
+      (the RBLN scheduler's own files) and starts from the same file contents as the shared
+      one: the shared file is rewritten, so a fix is made once for every pin, and the pins
+      that name it are returned to be tested again. Only from a supported pin (pins.toml).
+    """
+    supported = [s.pin for s in supported_pins(project)]
+    if promote and pin not in supported:
+        raise ForkError(
+            f"--promote writes a shared patch that the supported pins build from, but {pin} is not "
+            f"in {project.pins_file.name} (its series is not tested). Export without --promote "
+            f"(the change stays {pin}'s own form), or make the change at a supported pin "
+            f"({', '.join(map(str, supported))}) with 'python build.py checkout --pin <pin>'."
+        )
+    pins = [p for p in {*series_pins(project), *supported} if p != pin]
+    naming: dict[str, list[Pin]] = {}
+    for other in sorted(pins):
         path = project.series_dir / str(other)
         if path.is_file():
-            shared_elsewhere |= {p.name for p in read_series(path, project.patches_dir).patches if not p.path}
+            for entry in read_series(path, project.patches_dir).patches:
+                if not entry.path:
+                    naming.setdefault(entry.name, []).append(other)
     entries: list[str] = []
     writes: dict[Path, str] = {}
+    kept_own: dict[str, list[Pin]] = {}
+    promoted: dict[str, list[Pin]] = {}
     for name, text in rendered.items():
         shared = project.patches_dir / name
         old = shared.read_text() if shared.is_file() else None
@@ -196,16 +233,21 @@ def _write_pin_series(
         fork_only = not any(
             repo.run("cat-file", "-e", f"{root}:{p}", ok_codes=(0, 1, 128))[0] == 0 for p in paths
         )
+        promotable = old is not None and fork_only and _preimages(old) == _preimages(text)
         if old == text:
             entries.append(name)
-        elif (
-            old is None or name not in shared_elsewhere or (fork_only and _preimages(old) == _preimages(text))
-        ):
+        elif old is None or name not in naming:
             entries.append(name)
             writes[shared] = text
+        elif promote and promotable:
+            entries.append(name)
+            writes[shared] = text
+            promoted[name] = naming[name]
         else:
             entries.append(f"{pin}/{name}")
             writes[project.patches_dir / str(pin) / name] = text
+            if promotable:
+                kept_own[name] = naming[name]
     changed = []
     for path, text in writes.items():
         if not path.is_file() or path.read_text() != text:
@@ -222,4 +264,5 @@ def _write_pin_series(
         changed.append(f"{path.relative_to(project.root)} (removed)")
         if path.parent != project.patches_dir and not any(path.parent.iterdir()):
             path.parent.rmdir()
-    return changed
+    own_written = {Path(c).name for c in changed if c.startswith(f"patches/{pin}/")}
+    return Exported(changed, {n: p for n, p in kept_own.items() if n in own_written}, promoted)

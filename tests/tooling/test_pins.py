@@ -52,7 +52,7 @@ def test_a_resolution_recorded_at_one_pin_is_reused_at_the_next_on_a_fresh_machi
         p: p.read_bytes() for p in [fork.project.series_file, *fork.project.patches_dir.glob("*.patch")]
     }
     tree = _move_by_hand(fork, "1.3")
-    written = export(tree, fork.project)
+    written = export(tree, fork.project).changed
     records = [w for w in written if w.startswith("rerere/")]
     assert len(records) == 1 and (fork.project.root / records[0] / "postimage").is_file()
     for path, data in before.items():  # 2.3 is carried from the 1.0 series again
@@ -95,7 +95,7 @@ def _per_pin_project(fork: Any) -> None:
 def test_each_supported_pin_builds_its_own_series_and_other_pins_carry_the_newest(fork: Any) -> None:
     _per_pin_project(fork)
     tree = _move_by_hand(fork, "1.3")
-    written = export(tree, fork.project)
+    written = export(tree, fork.project).changed
     assert "series/1.3" in written and "series/1.0" not in written
     entries = [
         line for line in (fork.project.root / "series" / "1.3").read_text().splitlines() if line[:1] != "#"
@@ -116,42 +116,100 @@ def test_each_supported_pin_builds_its_own_series_and_other_pins_carry_the_newes
     assert series_file_for(fork.project, Pin.parse("1.0")) == fork.project.root / "series" / "1.0"
 
 
-def test_a_fix_to_a_file_only_the_fork_has_is_made_once_for_every_pin(fork: Any, tmp_path: Path) -> None:
-    """An RBLN-only file (like rbln_scheduler.py) lives in one shared patch; fixing it at one
-    pin rewrites that one file, which every pin's series names."""
-    from vllm_rbln_fork.workflow import checkout
+DEV = {"GIT_AUTHOR_NAME": "Dev", "GIT_AUTHOR_EMAIL": "d@x.invalid", "GIT_COMMITTER_NAME": "Dev"} | {
+    "GIT_COMMITTER_EMAIL": "d@x.invalid",
+    "GIT_AUTHOR_DATE": "@1700000000 +0000",
+    "GIT_COMMITTER_DATE": "@1700000000 +0000",
+}
+LIMIT_PATCH = "add-the-rbln-limit.patch"
 
+
+def _rbln_only_patch_in_both_pins(fork: Any) -> Path:
+    """1.0 and 1.3 with a patch adding an RBLN-only file (like rbln_scheduler.py), one shared
+    file named by both series; returns 1.3's tree."""
     _per_pin_project(fork)
     tree = _move_by_hand(fork, "1.3")
     repo = Repo(tree, bare=False)
-    env = {"GIT_AUTHOR_NAME": "Dev", "GIT_AUTHOR_EMAIL": "d@x.invalid", "GIT_COMMITTER_NAME": "Dev"}
-    env |= {"GIT_COMMITTER_EMAIL": "d@x.invalid", "GIT_AUTHOR_DATE": "@1700000000 +0000"}
-    env |= {"GIT_COMMITTER_DATE": "@1700000000 +0000"}
     (tree / "vllm/core/rbln_extra.py").write_text("LIMIT = 1\n")
     repo.run("add", "-A", "-f", cwd=tree, in_work_tree=True)
     message = (
         "Add the RBLN limit\n\nThe RBLN scheduler needs a limit of its own, in a file of its own.\n\n"
         "Origin: rbln\n"
     )
-    repo.run("commit", "-q", "-m", message, env=env, cwd=tree, in_work_tree=True)
+    repo.run("commit", "-q", "-m", message, env=DEV, cwd=tree, in_work_tree=True)
     export(tree, fork.project)
-    assert (fork.project.root / "series" / "1.3").read_text().splitlines()[-1] == "add-the-rbln-limit.patch"
+    assert (fork.project.root / "series" / "1.3").read_text().splitlines()[-1] == LIMIT_PATCH
     # 1.0 takes the same patch (a maintainer adds the line; the file is shared).
     with (fork.project.root / "series" / "1.0").open("a") as f:
-        f.write("add-the-rbln-limit.patch\n")
+        f.write(f"{LIMIT_PATCH}\n")
+    return tree
 
-    fix = checkout(Pin.parse("1.0"), fork.spec(), fork.project, tmp_path / "fix")
+
+def _fix_limit(fork: Any, pin: str, dest: Path) -> Path:
+    from vllm_rbln_fork.workflow import checkout
+
+    fix = checkout(Pin.parse(pin), fork.spec(), fork.project, dest)
     (fix / "vllm/core/rbln_extra.py").write_text("LIMIT = 2\n")
-    fixrepo = Repo(fix, bare=False)
-    fixrepo.run("commit", "-q", "-a", "--amend", "--no-edit", env=env, cwd=fix, in_work_tree=True)
-    written = export(fix, fork.project)
-    assert written == ["patches/add-the-rbln-limit.patch"]  # one file, for both pins
-    for pin in ("1.0", "1.3"):
-        wheel = build(Pin.parse(pin), fork.spec(), fork.project).wheel
-        import zipfile
+    Repo(fix, bare=False).run(
+        "commit", "-q", "-a", "--amend", "--no-edit", env=DEV, cwd=fix, in_work_tree=True
+    )
+    return fix
 
-        with zipfile.ZipFile(wheel) as zf:
-            assert zf.read("vllm/core/rbln_extra.py").decode() == "LIMIT = 2\n"
+
+def _limits(fork: Any) -> dict[str, str]:
+    import zipfile
+
+    limits = {}
+    for pin in ("1.0", "1.3"):
+        with zipfile.ZipFile(build(Pin.parse(pin), fork.spec(), fork.project).wheel) as zf:
+            limits[pin] = zf.read("vllm/core/rbln_extra.py").decode()
+    return limits
+
+
+def test_a_fix_to_a_shared_rbln_patch_stays_at_its_pin_unless_promoted(fork: Any, tmp_path: Path) -> None:
+    """A change made (and tested) at one pin never reaches another pin's build unasked: it
+    is that pin's own form, and export names the pins that keep the shared file."""
+    _rbln_only_patch_in_both_pins(fork)
+    shared = fork.project.patches_dir / LIMIT_PATCH
+    before = shared.read_text()
+    result = export(_fix_limit(fork, "1.0", tmp_path / "fix"), fork.project)
+    assert result.changed == [f"patches/1.0/{LIMIT_PATCH}", "series/1.0"]
+    assert result.kept_own == {LIMIT_PATCH: [Pin.parse("1.3")]} and result.promoted == {}
+    assert shared.read_text() == before
+    assert _limits(fork) == {"1.0": "LIMIT = 2\n", "1.3": "LIMIT = 1\n"}
+
+
+def test_a_promoted_fix_to_a_shared_rbln_patch_is_made_once_for_every_pin(fork: Any, tmp_path: Path) -> None:
+    """With --promote the shared file changes, for every pin whose series names it, and
+    export names those pins to be tested again."""
+    _rbln_only_patch_in_both_pins(fork)
+    result = export(_fix_limit(fork, "1.0", tmp_path / "fix"), fork.project, promote=True)
+    assert result.changed == [f"patches/{LIMIT_PATCH}"]  # one file, for both pins
+    assert result.promoted == {LIMIT_PATCH: [Pin.parse("1.3")]} and result.kept_own == {}
+    assert _limits(fork) == {"1.0": "LIMIT = 2\n", "1.3": "LIMIT = 2\n"}
+
+
+def test_promoting_from_a_pin_not_in_pins_toml_is_refused_and_writes_nothing(fork: Any) -> None:
+    from vllm_rbln_fork.errors import ForkError
+
+    tree = _rbln_only_patch_in_both_pins(fork)
+    (fork.project.root / "pins.toml").write_text('[pin."1.0"]\ntest-lock = "test.lock"\n')  # 1.3: a move
+    (tree / "vllm/core/rbln_extra.py").write_text("LIMIT = 3\n")
+    Repo(tree, bare=False).run(
+        "commit", "-q", "-a", "--amend", "--no-edit", env=DEV, cwd=tree, in_work_tree=True
+    )
+    files = {
+        p: p.read_bytes()
+        for p in [*fork.project.patches_dir.rglob("*.patch"), *fork.project.series_dir.iterdir()]
+    }
+    with pytest.raises(ForkError, match=r"1\.3 is not in pins\.toml.*Export without --promote"):
+        export(tree, fork.project, promote=True)
+    assert {p: p.read_bytes() for p in files} == files
+    assert sorted(fork.project.patches_dir.rglob("*.patch")) == sorted(
+        p for p in files if p.suffix == ".patch"
+    )
+    # Without --promote the change stays 1.3's own form.
+    assert export(tree, fork.project).changed == [f"patches/1.3/{LIMIT_PATCH}", "series/1.3"]
 
 
 def test_a_file_in_series_that_is_not_a_pin_is_ignored(fork: Any) -> None:

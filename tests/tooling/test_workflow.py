@@ -15,7 +15,7 @@ def _snapshot(project) -> dict[str, bytes]:
 def test_export_of_an_unchanged_checkout_changes_no_byte(fork, tmp_path) -> None:
     before = _snapshot(fork.project)
     tree = checkout(Pin.parse("1.0"), fork.spec(), fork.project, tmp_path / "again")
-    assert export(tree, fork.project) == []
+    assert export(tree, fork.project).changed == []
     assert _snapshot(fork.project) == before
 
 
@@ -31,7 +31,7 @@ def test_drop_a_patch_by_rebasing_it_away_and_exporting(fork, tmp_path) -> None:
     repo = Repo(tree, bare=False)
     env = {"GIT_COMMITTER_NAME": "Dev", "GIT_COMMITTER_EMAIL": "d@e.invalid"}
     repo.run("rebase", "--onto", "HEAD~2", "HEAD~1", "HEAD", env=env, in_work_tree=True, cwd=tree)
-    changed = export(tree, fork.project)
+    changed = export(tree, fork.project).changed
     assert "patches/count-one-more-slot-at-admission.patch (removed)" in changed
     assert fork.project.series_file.read_text().splitlines()[-1] == "add-rbln-padding.patch"
     assert not (fork.project.patches_dir / "count-one-more-slot-at-admission.patch").exists()
@@ -81,7 +81,7 @@ def test_export_removes_a_stale_patch_even_if_its_file_is_damaged(fork, tmp_path
     tree = _drop_the_backport_in_a_checkout(fork, tmp_path)
     stale = fork.project.patches_dir / "count-one-more-slot-at-admission.patch"
     stale.write_text("not a patch any more\n")
-    assert "patches/count-one-more-slot-at-admission.patch (removed)" in export(tree, fork.project)
+    assert "patches/count-one-more-slot-at-admission.patch (removed)" in export(tree, fork.project).changed
     assert not stale.exists()
 
 

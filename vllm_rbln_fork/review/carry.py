@@ -102,7 +102,7 @@ def write_series(
             str(clone),
         )
         Repo(clone, bare=False)  # the same pinned config as the cache repo
-        changed = export(clone, project)
+        changed = export(clone, project).changed
     return replace(result, written=tuple(changed), wrote=True)
 
 
