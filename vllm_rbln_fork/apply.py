@@ -277,7 +277,7 @@ def conflict_work_tree(
         resolutions.load(records, repo)
     repo.run("worktree", "add", "--detach", str(tree), head)
     identity = Identity("vllm-rbln-fork", "vllm-rbln-fork@users.noreply.invalid", "@0 +0000").env()
-    _, out = repo.run("cherry-pick", *rest, env=identity, cwd=tree, ok_codes=(0, 1), in_work_tree=True)
+    _, out = resolutions.run_tracked(repo, tree, "cherry-pick", *rest, env=identity)
     return tree, resolutions.advance(repo, tree, out)
 
 

@@ -156,6 +156,17 @@ def _continue_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _forget_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="build.py forget",
+        description="Remove recorded conflict resolutions (rerere/<id>) that are wrong, from the "
+        "project and this machine's cache; other caches drop them at their next carry. The "
+        "conflict is then met again and resolved by hand.",
+    )
+    parser.add_argument("ids", nargs="+", metavar="ID", help="a record's id (at least 4 leading hex digits)")
+    return parser
+
+
 def _run_tests(argv: list[str]) -> int:
     from .testing.runner import run_tests
 
@@ -173,6 +184,7 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "checkout": lambda argv: _checkout(_checkout_parser().parse_args(argv)),
     "export": lambda argv: _export(_export_parser().parse_args(argv)),
     "continue": lambda argv: _continue(_continue_parser().parse_args(argv)),
+    "forget": lambda argv: _forget(_forget_parser().parse_args(argv)),
     "yank": lambda argv: _yank(_yank_parser().parse_args(argv)),
     "test": _run_tests,
     "lint": _run_lint,
@@ -317,6 +329,20 @@ def _export(args: argparse.Namespace) -> int:
         )
         for pin in pins:
             console.print(f"    test it: python build.py test --pin {pin}")
+    return 0
+
+
+def _forget(args: argparse.Namespace) -> int:
+    from .gitrepo import Repo
+    from .paths import upstream_repo_dir
+    from .resolutions import forget
+
+    project = Project.default()
+    cache = upstream_repo_dir()
+    removed = forget(project.rerere_dir, args.ids, Repo(cache) if cache.is_dir() else None)
+    for name in removed:
+        console.print(f"    removed {name}")
+    console.print("commit the removal; the next carry meets those conflicts again")
     return 0
 
 

@@ -5,23 +5,41 @@ conflict is committed, how it was resolved (``postimage``), under ``rr-cache/<id
 git directory, ``<id>`` being a hash of the conflicting hunks. The same conflict met
 again, at another pin or after the series changed, is resolved from the record. The
 cache repo is a cache, so the records live in the project (``rerere/<id>/preimage`` and
-``postimage``): ``load`` copies them into a git directory before a carry, ``save`` copies
-the new ones back on export.
+``postimage``), which is their source of truth:
+
+* ``load`` copies them into a git directory before a carry, over any other copy of the same
+  id (a corrected record replays as corrected), and removes the ones it loaded before that
+  the project no longer has and nobody changed since (a forgotten record is not replayed);
+* a carry notes, in its work tree's own git directory, the id of every record it made or
+  reused (``run_tracked``);
+* ``save`` copies back, on export, the records that carry noted and no others (the cache
+  repo's rr-cache is shared by every carry made in it);
+* ``forget`` removes records from the project and the cache repo.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 import shutil
+import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from .errors import ForkError
 from .files import write_atomic
 from .gitrepo import Identity, Repo
 
 RECORD_FILES = ("preimage", "postimage")
 REUSED = re.compile(r"^(?:Resolved|Staged) '(.+)' using previous resolution\.$", re.M)
 IDENTITY = Identity("vllm-rbln-fork", "vllm-rbln-fork@users.noreply.invalid", "@0 +0000")
+# Beside rr-cache (git's own directory must hold records only): the ids ``load`` copied
+# there and the sha256 of each postimage it wrote.
+LOADED = "rbln-rerere-loaded"
+# In a work tree's own git directory: the ids of the records its carry made or reused.
+TRACKED = "rbln-rerere-ids"
+RECORD_ID = re.compile(r"^[0-9a-f]{40}$")
 
 
 def _rr_cache(repo: Repo) -> Path:
@@ -30,36 +48,105 @@ def _rr_cache(repo: Repo) -> Path:
     return (path if path.is_absolute() else repo.path / path) / "rr-cache"
 
 
+def _git_dir(repo: Repo, tree: Path) -> Path:
+    """The work tree's own git directory (a linked work tree's, not the common one)."""
+    out = repo.run("rev-parse", "--absolute-git-dir", cwd=tree, in_work_tree=True)[1]
+    return Path(out.strip())
+
+
+def _records(directory: Path) -> dict[str, Path]:
+    """The complete records (both files) in ``directory``, by id."""
+    if not directory.is_dir():
+        return {}
+    return {
+        d.name: d
+        for d in sorted(directory.iterdir())
+        if RECORD_ID.match(d.name) and all((d / f).is_file() for f in RECORD_FILES)
+    }
+
+
+def _digest(record: Path) -> str:
+    return hashlib.sha256((record / "postimage").read_bytes()).hexdigest()
+
+
 def load(records: Path, repo: Repo) -> int:
-    """Copy the project's records into ``repo``'s rr-cache (ones it lacks); return how many."""
-    if not records.is_dir():
-        return 0
+    """Make ``repo``'s rr-cache hold the project's records; return how many were copied."""
     cache = _rr_cache(repo)
+    manifest = cache.parent / LOADED
+    before: dict[str, str] = {}
+    if manifest.is_file():
+        before = dict(line.split() for line in manifest.read_text().splitlines() if line.strip())
+    project = _records(records)
+    in_cache = _records(cache)
+    for record_id, digest in before.items():
+        # Loaded from the project earlier, gone from it since, and unchanged in the cache:
+        # forgotten. (A record resolved again since then is a new one: kept.)
+        if record_id not in project and record_id in in_cache and _digest(in_cache[record_id]) == digest:
+            shutil.rmtree(in_cache[record_id])
     copied = 0
-    for record in sorted(records.iterdir()):
-        if not all((record / f).is_file() for f in RECORD_FILES):
-            continue
-        dest = cache / record.name
-        if (dest / "postimage").is_file():
+    for record_id, record in project.items():
+        dest = cache / record_id
+        if all(
+            (dest / f).is_file() and (dest / f).read_bytes() == (record / f).read_bytes()
+            for f in RECORD_FILES
+        ):
             continue
         dest.mkdir(parents=True, exist_ok=True)
         for f in RECORD_FILES:
-            shutil.copyfile(record / f, dest / f)
+            write_atomic(dest / f, (record / f).read_bytes())
+        for variant in dest.glob("postimage.*"):  # git's other resolutions of the same id
+            variant.unlink()
         copied += 1
+    if project or manifest.is_file():
+        cache.mkdir(parents=True, exist_ok=True)
+        write_atomic(manifest, "".join(f"{i} {_digest(r)}\n" for i, r in project.items()))
     return copied
 
 
-def save(repo: Repo, records: Path) -> list[str]:
-    """Copy every resolved record of ``repo``'s rr-cache into ``records``; return the new or
-    changed ones, as ``rerere/<id>``."""
+def run_tracked(repo: Repo, tree: Path, *args: str, env: dict[str, str]) -> tuple[int, str]:
+    """Run a git command that may meet conflicts (cherry-pick) in ``tree`` and note the
+    records it made or reused: git writes or touches a record's postimage when it records or
+    replays it, and lists a conflict still to resolve in MERGE_RR."""
     cache = _rr_cache(repo)
-    if not cache.is_dir():
-        return []
+    start = time.time() - 0.05  # file times lag the clock by up to a tick
+    status, out = repo.run(*args, env=env, cwd=tree, in_work_tree=True, ok_codes=(0, 1))
+    touched = {
+        record_id
+        for record_id, record in _records(cache).items()
+        if (record / "postimage").stat().st_mtime >= start
+    }
+    _track(repo, tree, touched)
+    return status, out
+
+
+def _track(repo: Repo, tree: Path, ids: Iterable[str]) -> None:
+    git_dir = _git_dir(repo, tree)
+    merge_rr = git_dir / "MERGE_RR"
+    pending = merge_rr.read_bytes().decode(errors="replace").split("\0") if merge_rr.is_file() else []
+    ids = {*ids, *(entry.split("\t", 1)[0] for entry in pending if "\t" in entry)}
+    known = tracked(repo, tree)
+    if not ids <= known:
+        write_atomic(git_dir / TRACKED, "".join(f"{i}\n" for i in sorted(known | ids)))
+
+
+def tracked(repo: Repo, tree: Path) -> set[str]:
+    """The ids of the records the carry in ``tree`` made or reused."""
+    path = _git_dir(repo, tree) / TRACKED
+    if not path.is_file():
+        return set()
+    return {line.split(".")[0] for line in path.read_text().split() if line}
+
+
+def save(repo: Repo, records: Path) -> list[str]:
+    """Copy the records the carry in ``repo``'s work tree made or reused into ``records``;
+    return the new or changed ones, as ``rerere/<id>``. Records of other carries in the same
+    cache repo, and resolutions of an ordinary rebase, are left where they are."""
+    ids = tracked(repo, repo.path)
     changed = []
-    for record in sorted(cache.iterdir()):
-        if not all((record / f).is_file() for f in RECORD_FILES):
-            continue  # a conflict not resolved (yet): nothing to reuse
-        dest = records / record.name
+    for record_id, record in _records(_rr_cache(repo)).items():
+        if record_id not in ids:
+            continue
+        dest = records / record_id
         wrote = False
         for f in RECORD_FILES:
             data = (record / f).read_bytes()
@@ -68,8 +155,30 @@ def save(repo: Repo, records: Path) -> list[str]:
                 write_atomic(dest / f, data)
                 wrote = True
         if wrote:
-            changed.append(f"{records.name}/{record.name}")
+            changed.append(f"{records.name}/{record_id}")
     return changed
+
+
+def forget(records: Path, prefixes: list[str], repo: Repo | None = None) -> list[str]:
+    """Remove the project's records whose ids start with ``prefixes`` (each must name one),
+    and ``repo``'s copies; return them as ``rerere/<id>``. Every other cache drops its copy
+    at its next ``load``."""
+    project = _records(records)
+    chosen: list[str] = []
+    for prefix in prefixes:
+        matches = [i for i in project if i.startswith(prefix.lower())] if len(prefix) >= 4 else []
+        if len(matches) != 1:
+            found = "none" if not matches else ", ".join(m[:12] for m in matches)
+            raise ForkError(
+                f"{records.name}/{prefix}: give at least 4 leading hex digits of one recorded "
+                f"resolution (matches: {found}; 'ls {records.name}' lists them). Nothing was removed."
+            )
+        chosen.append(matches[0])
+    for record_id in chosen:
+        shutil.rmtree(project[record_id])
+        if repo is not None:
+            shutil.rmtree(_rr_cache(repo) / record_id, ignore_errors=True)
+    return [f"{records.name}/{i}" for i in chosen]
 
 
 @dataclass(frozen=True)
@@ -101,13 +210,12 @@ def advance(repo: Repo, tree: Path, first_output: str = "") -> Progress:
     reused = REUSED.findall(first_output)
     env = {**IDENTITY.env(), "GIT_EDITOR": "true"}
     while in_progress(tree, repo):
+        _track(repo, tree, ())  # the conflict it stands at (MERGE_RR), resolved by hand
         left = unmerged(repo, tree)
         if left:
             return Progress(tuple(reused), True, tuple(left))
         picking = _picking(repo, tree)
-        status, out = repo.run(
-            "cherry-pick", "--continue", env=env, cwd=tree, in_work_tree=True, ok_codes=(0, 1)
-        )
+        status, out = run_tracked(repo, tree, "cherry-pick", "--continue", env=env)
         reused += REUSED.findall(out)
         if status != 0 and in_progress(tree, repo) and _picking(repo, tree) == picking:
             # No progress (e.g. the resolution left the commit empty): a hand is needed.

@@ -8,40 +8,20 @@ at 0.33.0.
 
 from __future__ import annotations
 
-import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from moves import RESOLVED, move_by_hand
 
-from vllm_rbln_fork.errors import PatchDoesNotApply
 from vllm_rbln_fork.gitrepo import Repo
 from vllm_rbln_fork.pins import Pin
 from vllm_rbln_fork.pipeline import build
 from vllm_rbln_fork.review import review
 from vllm_rbln_fork.supported import series_file_for, series_pins, supported_pins
-from vllm_rbln_fork.workflow import continue_carry, export
-
-CONFLICT = re.compile(r"<<<<<<< [^\n]*\n.*?>>>>>>> [^\n]*\n", re.S)
-RESOLVED = "    needed = 2 * prompt_tokens + 1\n"
-
-
-def _resolve_by_hand(tree: Path) -> None:
-    gate = tree / "vllm/core/gate.py"
-    gate.write_text(CONFLICT.sub(RESOLVED, gate.read_text()))
-    Repo(tree, bare=False).run("add", "-f", "vllm/core/gate.py", cwd=tree, in_work_tree=True)
-
-
-def _move_by_hand(fork: Any, pin: str) -> Path:
-    """The move a maintainer makes: build stops at the conflict, resolve, continue."""
-    with pytest.raises(PatchDoesNotApply):
-        build(Pin.parse(pin), fork.spec(), fork.project)
-    tree = fork.project.work_dir / f"conflict-v{pin}"
-    _resolve_by_hand(tree)
-    assert not continue_carry(tree).stopped
-    return tree
+from vllm_rbln_fork.workflow import export
 
 
 def test_a_resolution_recorded_at_one_pin_is_reused_at_the_next_on_a_fresh_machine(
@@ -51,7 +31,7 @@ def test_a_resolution_recorded_at_one_pin_is_reused_at_the_next_on_a_fresh_machi
     before = {
         p: p.read_bytes() for p in [fork.project.series_file, *fork.project.patches_dir.glob("*.patch")]
     }
-    tree = _move_by_hand(fork, "1.3")
+    tree = move_by_hand(fork, "1.3")
     written = export(tree, fork.project).changed
     records = [w for w in written if w.startswith("rerere/")]
     assert len(records) == 1 and (fork.project.root / records[0] / "postimage").is_file()
@@ -94,7 +74,7 @@ def _per_pin_project(fork: Any) -> None:
 
 def test_each_supported_pin_builds_its_own_series_and_other_pins_carry_the_newest(fork: Any) -> None:
     _per_pin_project(fork)
-    tree = _move_by_hand(fork, "1.3")
+    tree = move_by_hand(fork, "1.3")
     written = export(tree, fork.project).changed
     assert "series/1.3" in written and "series/1.0" not in written
     entries = [
@@ -128,7 +108,7 @@ def _rbln_only_patch_in_both_pins(fork: Any) -> Path:
     """1.0 and 1.3 with a patch adding an RBLN-only file (like rbln_scheduler.py), one shared
     file named by both series; returns 1.3's tree."""
     _per_pin_project(fork)
-    tree = _move_by_hand(fork, "1.3")
+    tree = move_by_hand(fork, "1.3")
     repo = Repo(tree, bare=False)
     (tree / "vllm/core/rbln_extra.py").write_text("LIMIT = 1\n")
     repo.run("add", "-A", "-f", cwd=tree, in_work_tree=True)

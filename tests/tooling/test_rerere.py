@@ -1,0 +1,119 @@
+"""Recorded resolutions (rerere/) are the project's, not the cache repo's: a corrected
+record replays as corrected and is not overwritten on export, export saves only the records
+its own carry made or reused, and ``forget`` removes a record for good (docs/patch-workflow.md).
+
+On the synthetic upstream: 1.3 and 2.3 rewrote the backport's line the same way, so carrying
+the 1.0 series onto either meets the same conflict (tests/tooling/test_pins.py).
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from moves import RESOLVED, move_by_hand
+
+from vllm_rbln_fork import resolutions
+from vllm_rbln_fork.errors import ForkError
+from vllm_rbln_fork.gitrepo import Repo
+from vllm_rbln_fork.paths import upstream_repo_dir
+from vllm_rbln_fork.pins import Pin
+from vllm_rbln_fork.review import review
+from vllm_rbln_fork.workflow import export
+
+CORRECTED = "    needed = 2 * prompt_tokens + 2\n"
+
+
+def _record_the_move_to_1_3(fork: Any) -> tuple[str, dict[Path, bytes]]:
+    """Move to 1.3 by hand and export: one record in rerere/. Then put the 1.0 series back
+    (2.3 is carried from it) and return the record's id."""
+    before = {
+        p: p.read_bytes() for p in [fork.project.series_file, *fork.project.patches_dir.glob("*.patch")]
+    }
+    written = export(move_by_hand(fork, "1.3"), fork.project).changed
+    records = [w for w in written if w.startswith("rerere/")]
+    assert len(records) == 1
+    for path, data in before.items():
+        path.write_bytes(data)
+    shutil.rmtree(fork.project.work_dir)
+    return records[0].removeprefix("rerere/"), before
+
+
+def _carry_to_2_3(fork: Any) -> Any:
+    return review(Pin.parse("2.3"), fork.spec(), fork.project, write=True)
+
+
+def _rr_cache() -> Path:
+    return upstream_repo_dir() / "rr-cache"
+
+
+def test_a_corrected_record_replays_as_corrected_and_export_keeps_it(
+    fork: Any, publish_release: Callable[[str], None]
+) -> None:
+    publish_release("2.3")
+    record_id, _ = _record_the_move_to_1_3(fork)
+    postimage = fork.project.rerere_dir / record_id / "postimage"
+    assert RESOLVED in postimage.read_text()
+    # The maintainer corrects the record; the cache repo still has the old one.
+    postimage.write_text(postimage.read_text().replace(RESOLVED, CORRECTED))
+    assert RESOLVED in (_rr_cache() / record_id / "postimage").read_text()
+
+    result = _carry_to_2_3(fork)
+    assert result.carried_all and result.reused == ("vllm/core/gate.py",)
+    assert result.conflict_tree is not None
+    gate = (result.conflict_tree / "vllm/core/gate.py").read_text()
+    assert CORRECTED in gate and RESOLVED not in gate
+    export(result.conflict_tree, fork.project)
+    assert CORRECTED in postimage.read_text()
+
+
+def test_export_saves_only_the_records_of_its_own_carry(
+    fork: Any, publish_release: Callable[[str], None]
+) -> None:
+    publish_release("2.3")
+    record_id, _ = _record_the_move_to_1_3(fork)
+    # A record some other carry in the same cache repo made (another pin's move, not exported).
+    other = _rr_cache() / ("ab" * 20)
+    other.mkdir()
+    (other / "preimage").write_text("<<<<<<<\nx\n=======\ny\n>>>>>>>\n")
+    (other / "postimage").write_text("x and y\n")
+
+    result = _carry_to_2_3(fork)
+    assert result.conflict_tree is not None
+    written = export(result.conflict_tree, fork.project).changed
+    assert not any(w.startswith("rerere/") for w in written)  # the reused record is unchanged
+    assert sorted(p.name for p in fork.project.rerere_dir.iterdir()) == [record_id]
+    assert resolutions.tracked(Repo(result.conflict_tree, bare=False), result.conflict_tree) == {record_id}
+
+
+def test_a_forgotten_record_is_not_replayed_here_or_on_another_machine(
+    fork: Any, publish_release: Callable[[str], None], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    publish_release("2.3")
+    record_id, _ = _record_the_move_to_1_3(fork)
+    # Another machine loads the record (its carry to 2.3 reuses it) before it is forgotten.
+    here = upstream_repo_dir()
+    monkeypatch.setenv("VLLM_RBLN_FORK_CACHE", str(tmp_path / "machine-2"))
+    assert _carry_to_2_3(fork).carried_all
+    shutil.rmtree(fork.project.work_dir)
+    assert (upstream_repo_dir() / "rr-cache" / record_id / "postimage").is_file()
+
+    with pytest.raises(ForkError, match="at least 4 leading hex digits"):
+        resolutions.forget(fork.project.rerere_dir, [record_id[:3]])
+    assert resolutions.forget(fork.project.rerere_dir, [record_id[:8]], Repo(here)) == [f"rerere/{record_id}"]
+    assert not (fork.project.rerere_dir / record_id).exists()
+    assert not (here / "rr-cache" / record_id).exists()
+
+    # On machine 2 the next carry stops at the conflict: its copy was dropped on load.
+    stopped = _carry_to_2_3(fork)
+    assert stopped.conflict_tree is not None and not stopped.carried_all and stopped.reused == ()
+    assert "<<<<<<<" in (stopped.conflict_tree / "vllm/core/gate.py").read_text()
+    # And here too.
+    shutil.rmtree(fork.project.work_dir)
+    monkeypatch.setenv("VLLM_RBLN_FORK_CACHE", str(here.parent))
+    assert upstream_repo_dir() == here
+    again = _carry_to_2_3(fork)
+    assert not again.carried_all and again.reused == ()
