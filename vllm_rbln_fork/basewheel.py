@@ -15,6 +15,7 @@ from __future__ import annotations
 import email.parser
 import hashlib
 import os
+import re
 import shutil
 import tomllib
 import urllib.parse
@@ -270,6 +271,22 @@ def git_blob_id(data: bytes) -> str:
 
 
 CODE_SUFFIXES = (".py", ".pyi")  # compared with the sdist; data files come from the base
+# Compiled bytecode: imported instead of a missing .py, and an "unchecked-hash" .pyc
+# (PEP 552) even instead of a present one. The sdist has none; a base must not either.
+BYTECODE_SUFFIXES = (".pyc", ".pyo")
+# An extension module: ``name.so``, ``name.abi3.so``, ``name.cpython-311-x86_64-linux-gnu.so``,
+# ``name.pyd``. Python's import system tries extension modules before source files.
+EXTENSION = re.compile(r"^(?P<module>(?:.*/)?[^/.]+)(?:\.[^/]+)?\.(?:so|pyd)$")
+
+
+def shadowed_module(path: str, sdist_files: Iterable[str]) -> str | None:
+    """The sdist's Python module (``a/b.py`` or ``a/b/__init__.py``) that the extension
+    module ``path`` would be imported instead of, or None."""
+    match = EXTENSION.match(path)
+    if match is None:
+        return None
+    module = match["module"]
+    return next((f for f in (f"{module}.py", f"{module}/__init__.py") if f in sdist_files), None)
 
 
 def tree_blobs(repo: Repo, commit: str, tops: Iterable[str]) -> dict[str, str]:
@@ -300,11 +317,15 @@ def check_base(base: BaseWheel, pin: Pin, repo: Repo, upstream_commit: str, poli
             )
         tops = sorted({n.split("/", 1)[0] for n in zf.namelist() if "/" in n and not n.startswith(dist_info)})
         upstream = tree_blobs(repo, upstream_commit, tops)
-        differing, absent, startup = [], [], []
+        differing, absent, startup, compiled, shadowing = [], [], [], [], []
         for info in zf.infolist():
             path = info.filename
             if path.endswith(".pth"):
                 startup.append(path)  # run by every interpreter start: never from a base wheel
+            if path.endswith(BYTECODE_SUFFIXES):
+                compiled.append(path)
+            if (module := shadowed_module(path, upstream)) is not None:
+                shadowing.append(f"{path} (the name of the sdist's {module})")
             allowed = path in policy.python_differences
             if not path.endswith(CODE_SUFFIXES) or path.startswith(dist_info) or allowed:
                 continue
@@ -319,16 +340,21 @@ def check_base(base: BaseWheel, pin: Pin, repo: Repo, upstream_commit: str, poli
         for p in upstream
         if p.endswith(CODE_SUFFIXES) and p not in in_base and p not in policy.python_differences
     ]
-    if differing or absent or missing or startup:
+    if differing or absent or missing or startup or compiled or shadowing:
         lines = [f"  differs from the sdist: {p}" for p in sorted(differing)[:20]]
         lines += [f"  not in the sdist: {p}" for p in sorted(absent)[:20]]
         lines += [f"  in the sdist, not in the base: {p}" for p in sorted(missing)[:20]]
         lines += [f"  a .pth file (runs at interpreter start): {p}" for p in sorted(startup)[:20]]
-        more = len(differing) + len(absent) + len(missing) + len(startup) - len(lines)
+        lines += [f"  compiled bytecode (runs unchecked): {p}" for p in sorted(compiled)[:20]]
+        lines += [f"  an extension module named like the sdist's Python: {p}" for p in sorted(shadowing)[:20]]
+        total = len(differing) + len(absent) + len(missing) + len(startup) + len(compiled) + len(shadowing)
+        more = total - len(lines)
         raise BaseWheelError(
             f"{base.filename}'s Python is not vLLM {pin}'s: {len(differing)} file(s) differ from the "
             f"sdist, {len(absent)} are not in it, {len(missing)} of its are not in the base"
             + (f", {len(startup)} .pth file(s)" if startup else "")
+            + (f", {len(compiled)} .pyc file(s)" if compiled else "")
+            + (f", {len(shadowing)} extension module(s) shadowing its modules" if shadowing else "")
             + (f" ({more} more not shown)" if more > 0 else "")
             + ":\n"
             + "\n".join(lines)

@@ -177,6 +177,33 @@ def test_a_base_missing_a_module_or_carrying_a_pth_file_is_refused(base_fork, tm
     assert not (base_fork.project.dist_dir).exists() or not list(base_fork.project.dist_dir.iterdir())
 
 
+def test_a_base_shadowing_the_sdist_with_bytecode_or_an_extension_module_is_refused(
+    base_fork, tmp_path
+) -> None:
+    # Python imports an extension module before a .py of the same name, and a .pyc (an
+    # "unchecked-hash" one even beside its .py): either would run code the check never saw.
+    # vllm/_C.abi3.so (vLLM's real kernels, named like no module of the sdist) still passes.
+    base = make_base(
+        tmp_path / "bases",
+        files={
+            "vllm/core/gate.abi3.so": "ELF",
+            "vllm/core.cpython-311-x86_64-linux-gnu.so": "ELF",
+            "vllm/core/__pycache__/gate.cpython-311.pyc": "bytecode",
+        },
+    )
+    with pytest.raises(BaseWheelError) as err:
+        build(Pin.parse("1.0"), base_fork.spec(), base_fork.project, base_wheel=_spec(base))
+    text = str(err.value)
+    assert "1 .pyc file(s), 2 extension module(s) shadowing its modules" in text
+    assert "compiled bytecode (runs unchecked): vllm/core/__pycache__/gate.cpython-311.pyc" in text
+    extension = "an extension module named like the sdist's Python: "
+    assert f"{extension}vllm/core/gate.abi3.so (the name of the sdist's vllm/core/gate.py)" in text
+    package = "vllm/core.cpython-311-x86_64-linux-gnu.so (the name of the sdist's vllm/core/__init__.py)"
+    assert f"{extension}{package}" in text
+    assert "_C.abi3.so" not in text
+    assert not (base_fork.project.dist_dir).exists() or not list(base_fork.project.dist_dir.iterdir())
+
+
 def test_an_allowed_difference_passes_and_the_wheel_ships_the_sdist_side(base_fork, tmp_path) -> None:
     # vllm/_version.py is in base-wheel.toml's allow-list (generated at build time).
     base = make_base(tmp_path / "bases", files={"vllm/_version.py": "__version__ = '1.0'\n"})
