@@ -79,6 +79,22 @@ def test_same_bytes_is_a_no_op_and_other_bytes_conflict(
     assert (server.packages / wheel.name).read_bytes() == wheel.read_bytes()
 
 
+def test_the_binary_wheel_of_a_published_pure_version_is_not_uploaded(
+    kit: ModuleType, server, tmp_path: Path
+) -> None:
+    """One index, one kind of wheel per version: pip would take the binary one."""
+    pure = kit.make_wheel(tmp_path / "dist", "0.31.0+rbln.6")
+    publish(pure, server.url)
+    binary = kit.make_wheel(tmp_path / "binary", "0.31.0+rbln.6", tag="cp38-abi3-manylinux_2_28_x86_64")
+
+    with pytest.raises(IndexConflict) as err:
+        publish(binary, server.url)
+
+    assert f"already has {pure.name}, the pure wheel" in str(err.value)
+    assert "separate indexes" in str(err.value)
+    assert not (server.packages / binary.name).exists()
+
+
 def test_a_refusal_by_the_server_is_a_conflict_too(
     kit: ModuleType, server, tmp_path: Path, recorder: log.RecordingReporter
 ) -> None:

@@ -32,9 +32,15 @@ REQUIRES_PYTHON = ">=3.9,<4"
 
 
 def make_wheel(
-    out_dir: Path, version: str = "0.31.0+rbln.1", *, body: str = "", requires_python: str = REQUIRES_PYTHON
+    out_dir: Path,
+    version: str = "0.31.0+rbln.1",
+    *,
+    body: str = "",
+    requires_python: str = REQUIRES_PYTHON,
+    tag: str = "py3-none-any",
 ) -> Path:
-    """A tiny pure wheel named like ours: ``vllm-<version>-py3-none-any.whl``.
+    """A tiny wheel named like ours: ``vllm-<version>-<tag>.whl`` (pure unless ``tag`` says
+    otherwise; a binary tag changes only the name and WHEEL, as a stand-in for our binary wheel).
 
     It holds ``vllm/__init__.py`` and ``vllm/_rbln_build.py`` (a MANIFEST, as the real
     build writes); ``body`` changes the bytes without changing the name.
@@ -55,9 +61,10 @@ def make_wheel(
         f"Version: {version}\nSummary: synthetic test wheel\nRequires-Python: {requires_python}\n"
     )
     (dist_info / "WHEEL").write_text(
-        "Wheel-Version: 1.0\nGenerator: indexkit\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        f"Wheel-Version: 1.0\nGenerator: indexkit\nRoot-Is-Purelib: {str(tag == 'py3-none-any').lower()}\n"
+        f"Tag: {tag}\n"
     )
-    return pack_wheel(src, out_dir / f"vllm-{version}-py3-none-any.whl", 1_700_000_000)
+    return pack_wheel(src, out_dir / f"vllm-{version}-{tag}.whl", 1_700_000_000)
 
 
 def snapshot(root: Path) -> dict[str, bytes]:

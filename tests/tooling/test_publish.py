@@ -152,6 +152,32 @@ def test_different_bytes_under_a_published_name_conflict_and_change_nothing(
     assert kit.snapshot(index) == before
 
 
+BINARY_TAG = "cp38-abi3-manylinux_2_28_x86_64"
+
+
+@pytest.mark.parametrize("first", ["pure", "binary"])
+def test_a_pure_and_a_binary_wheel_of_one_version_are_refused_in_one_index(
+    first: str, index: Path, tmp_path: Path
+) -> None:
+    """pip takes the binary wheel whenever its tags fit, so one index holding both kinds of
+    a version cannot say which one `vllm==<version>` installs. Other versions mix freely."""
+    pure = kit.make_wheel(tmp_path / "pure")
+    binary = kit.make_wheel(tmp_path / "binary", tag=BINARY_TAG)
+    other = kit.make_wheel(tmp_path / "other", "0.31.0+rbln.2", tag=BINARY_TAG)
+    published, refused = (pure, binary) if first == "pure" else (binary, pure)
+    publish(published, str(index))
+    publish(other, str(index))
+    before = kit.snapshot(index)
+
+    with pytest.raises(IndexConflict) as err:
+        publish(refused, str(index))
+
+    text = str(err.value)
+    assert f"already has {published.name}, the {first} wheel of vllm 0.31.0+rbln.1" in text
+    assert "pip prefers a binary wheel" in text and "separate indexes" in text
+    assert kit.snapshot(index) == before
+
+
 def test_yank_marks_html_and_json_and_keeps_the_file(wheel: Path, index: Path) -> None:
     publish(wheel, str(index))
     reason = 'admission bug, use "rbln.2" & later <see #12>'

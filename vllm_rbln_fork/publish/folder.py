@@ -62,7 +62,7 @@ from .pages import (
     render_root_json,
 )
 from .result import PublishResult
-from .wheelfacts import WheelFacts, read_wheel
+from .wheelfacts import WheelFacts, check_kinds, read_wheel
 
 PAGES_DIR = "simple"
 STATE_DIR = ".index-state"
@@ -119,6 +119,7 @@ def publish_folder(wheel: Path, facts: WheelFacts, root: Path) -> PublishResult:
             _regenerate(root)  # repairs a publish that was interrupted; else changes nothing
             log.info(f"{facts.filename} is already published with the same bytes; nothing to do")
             return replace(result, already_published=True)
+        check_kinds(facts, [p.name for p in _wheels(root)], str(root))
         (root / FILES_DIR).mkdir(parents=True, exist_ok=True)
         # The metadata and the sidecar first, the wheel next, the pages last: a page
         # never links a file that is not there.

@@ -14,7 +14,7 @@ from pypi_simple import NoSuchProjectError, PyPISimple
 from .. import log, proc
 from ..errors import FailedProcess, ForkError, IndexConflict, IndexUnreachable
 from .result import PublishResult, redact
-from .wheelfacts import WheelFacts
+from .wheelfacts import WheelFacts, check_kinds
 
 
 def default_index_url(upload_url: str) -> str:
@@ -27,8 +27,8 @@ def _auth_from_env() -> tuple[str, str] | None:
     return (user, password) if user and password else None
 
 
-def _remote_file(index_url: str, facts: WheelFacts) -> tuple[str | None, str] | None:
-    """``(sha256 or None, url)`` of ``facts.filename`` on the server, or None if it is not there.
+def _remote_files(index_url: str, facts: WheelFacts) -> dict[str, tuple[str | None, str]]:
+    """``{filename: (sha256 or None, url)}`` of the project's files on the server.
 
     Raises :class:`IndexUnreachable` when the server's pages cannot be read.
     """
@@ -36,13 +36,15 @@ def _remote_file(index_url: str, facts: WheelFacts) -> tuple[str | None, str] | 
         with PyPISimple(endpoint=index_url, auth=_auth_from_env()) as client:
             page = client.get_project_page(facts.name, timeout=60)
     except NoSuchProjectError:
-        return None
+        return {}
     except requests.RequestException as exc:
         raise IndexUnreachable(f"cannot read {redact(index_url)}: {exc}") from None
-    for pkg in page.packages:
-        if pkg.filename == facts.filename:
-            return pkg.digests.get("sha256"), pkg.url
-    return None
+    return {pkg.filename: (pkg.digests.get("sha256"), pkg.url) for pkg in page.packages}
+
+
+def _remote_file(index_url: str, facts: WheelFacts) -> tuple[str | None, str] | None:
+    """``(sha256 or None, url)`` of ``facts.filename`` on the server, or None if it is not there."""
+    return _remote_files(index_url, facts).get(facts.filename)
 
 
 def publish_upload(wheel: Path, facts: WheelFacts, dest: str, index_url: str | None) -> PublishResult:
@@ -64,13 +66,16 @@ def publish_upload(wheel: Path, facts: WheelFacts, dest: str, index_url: str | N
     )
     with log.phase(f"upload {facts.filename} to {dest}"):
         try:
-            existing = _remote_file(simple, facts)
+            files = _remote_files(simple, facts)
         except IndexUnreachable as exc:
             log.warn(
-                f"{exc}; cannot check for an existing {facts.filename}; "
-                f"the server will have to refuse an overwrite"
+                f"{exc}; cannot check for an existing {facts.filename} (or the other kind of wheel of "
+                f"this version); the server will have to refuse an overwrite"
             )
-            existing = None
+            files = {}
+        existing = files.get(facts.filename)
+        if existing is None:
+            check_kinds(facts, list(files), redact(simple))
         if existing is not None:
             digest, url = existing
             if digest == facts.sha256:

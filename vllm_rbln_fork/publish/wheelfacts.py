@@ -11,7 +11,7 @@ from packaging.metadata import parse_email
 from packaging.utils import InvalidWheelFilename, NormalizedName, canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
-from ..errors import WheelError
+from ..errors import IndexConflict, WheelError
 from ..files import sha256_of
 
 
@@ -72,3 +72,29 @@ def read_wheel(wheel: Path) -> WheelFacts:
         metadata=metadata,
         requires_python=raw.get("requires_python"),
     )
+
+
+def is_pure(filename: str) -> bool:
+    """A pure-Python wheel (``py3-none-any``), as opposed to a binary one (platform tags)."""
+    tags = parse_wheel_filename(filename)[3]
+    return all(tag.abi == "none" and tag.platform == "any" for tag in tags)
+
+
+def check_kinds(facts: WheelFacts, published: list[str], where: str) -> None:
+    """Refuse a pure and a binary wheel of one version in one index: pip takes the binary
+    one whenever its tags fit, so ``vllm==<version>`` would not say which was installed."""
+    kind = "pure" if is_pure(facts.filename) else "binary"
+    for other in sorted(published):
+        try:
+            name, version, _, _ = parse_wheel_filename(other)
+        except InvalidWheelFilename:
+            continue
+        if name == facts.name and version == facts.version and is_pure(other) != (kind == "pure"):
+            other_kind = "pure" if kind == "binary" else "binary"
+            raise IndexConflict(
+                f"{where} already has {other}, the {other_kind} wheel of {facts.name} {facts.version}, "
+                f"and {facts.filename} is the {kind} one. pip prefers a binary wheel over a pure one "
+                f"of the same version wherever its tags fit, so 'pip install {facts.name}=={facts.version}' "
+                f"would not say which one a server gets. Publish pure and binary wheels to separate "
+                f"indexes (e.g. DEST/pure and DEST/cpu). Nothing was published."
+            )
