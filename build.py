@@ -55,6 +55,36 @@ def installed_marker(env_dir: Path, lock: Path) -> Path:
     return env_dir / f".complete-{lock.stem}"
 
 
+def make_venv(env_dir: Path) -> None:
+    """A venv with pip, or a sentence saying what the system lacks (never a traceback)."""
+    import shutil
+    import subprocess
+    import venv
+
+    version = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    missing = (
+        f"build.py: Python {version} ({sys.executable}) cannot make a virtual environment with pip: "
+        "its ensurepip module is missing. On Debian and Ubuntu install it with "
+        f"'sudo apt install python{version}-venv'; elsewhere install your Python's venv/ensurepip "
+        "support (or use a python.org or uv-managed Python). Then run the same command again."
+    )
+    try:
+        import ensurepip  # noqa: F401  (Debian ships it apart, in python3.X-venv)
+    except ImportError:
+        sys.exit(missing)
+    try:
+        venv.EnvBuilder(with_pip=True).create(env_dir)
+    except subprocess.CalledProcessError as exc:
+        shutil.rmtree(env_dir, ignore_errors=True)
+        output = exc.output.decode(errors="replace") if isinstance(exc.output, bytes) else str(exc.output)
+        if "ensurepip" in output:
+            sys.exit(missing)
+        sys.exit(
+            f"build.py: making the tool environment {env_dir} failed (exit {exc.returncode}):\n"
+            f"{output.strip()}\nNothing was installed; fix that and run the same command again."
+        )
+
+
 def ensure_tool_env(env_dir: Path, lock: Path) -> Path:
     python = env_dir / "bin" / "python"
     done = installed_marker(env_dir, lock)
@@ -64,7 +94,6 @@ def ensure_tool_env(env_dir: Path, lock: Path) -> Path:
     import fcntl
     import shutil
     import subprocess
-    import venv
 
     env_dir.parent.mkdir(parents=True, exist_ok=True)
     with open(env_dir.parent / f"{env_dir.name}.lock", "w") as held:
@@ -73,7 +102,7 @@ def ensure_tool_env(env_dir: Path, lock: Path) -> Path:
             return python
         if not any(installed_marker(env_dir, REQUIREMENTS / name).exists() for name in LOCKS):
             shutil.rmtree(env_dir, ignore_errors=True)  # a half-made env from an interrupted run
-            venv.EnvBuilder(with_pip=True).create(env_dir)
+            make_venv(env_dir)
         print(f"build.py: installing {lock.relative_to(ROOT)} into {env_dir}", file=sys.stderr)
         try:
             subprocess.run(
