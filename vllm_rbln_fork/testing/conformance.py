@@ -40,6 +40,7 @@ from .outcomes import (
     CannotRun,
     ConformanceError,
     ConformanceReport,
+    ExpectedDifference,
     SideRun,
     compare,
     parse_junit,
@@ -228,6 +229,30 @@ def _cached_baseline(cache_file: Path, key: Mapping[str, str]) -> SideRun | None
     )
 
 
+def unexplained_failures(run: SideRun, expectations: Sequence[ExpectedDifference]) -> list[str]:
+    """Tests that failed (or errored) on ``run`` where no expected difference lists that
+    outcome for the unpatched side: the environment or the load, not the series."""
+    explained = {e.test for e in expectations if run.outcomes.get(e.test) == e.unpatched}
+    return sorted(t for t, o in run.outcomes.items() if o in ("failed", "error") and t not in explained)
+
+
+def _usable_as_baseline(run: SideRun, expectations: Sequence[ExpectedDifference], what: str) -> bool:
+    """Only a baseline whose every failure is listed may be cached or read from the cache: a
+    failure of the load or the environment kept there would hide the same test's outcome
+    on the patched side in every later run."""
+    unexplained = unexplained_failures(run, expectations)
+    if unexplained:
+        shown = ", ".join(unexplained[:5]) + (
+            f" and {len(unexplained) - 5} more" if len(unexplained) > 5 else ""
+        )
+        log.warn(
+            f"{what} the unpatched outcomes: {len(unexplained)} failure(s) that no expected difference "
+            f"lists ({shown}). A failure of the environment goes in cannot-run.toml with its reason; "
+            "a load-induced one (a subprocess timeout) goes away on a quieter run."
+        )
+    return not unexplained
+
+
 def _store_baseline(cache_file: Path, key: Mapping[str, str], run: SideRun, tree: Path) -> None:
     cache_file.parent.mkdir(parents=True, exist_ok=True)
     record = {
@@ -331,9 +356,11 @@ def run_conformance(
             digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
             cache_file = baseline_cache / "baselines" / f"vllm-{pin}-{digest}.json"
             baseline = _cached_baseline(cache_file, key)
+            if baseline is not None and not _usable_as_baseline(baseline, expectations, "not using cached"):
+                baseline = None
         if baseline is None:
             baseline = _run_side("unpatched", unpatched_tree, setup)
-            if cache_file is not None:
+            if cache_file is not None and _usable_as_baseline(baseline, expectations, "not caching"):
                 _store_baseline(cache_file, key, baseline, unpatched_tree)
         patched = _run_side("patched", patched_tree, setup)
 
