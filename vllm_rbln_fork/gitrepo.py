@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+import subprocess
+import tempfile
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 from .errors import FailedProcess
 
@@ -108,6 +112,58 @@ class Repo:
         if status not in ok_codes:
             raise FailedProcess(["git", *args], status, f"{out}\n{err}")
         return status, (out if status == 0 else f"{out}\n{err}".strip())
+
+    def _env(self, env: Mapping[str, str] | None = None) -> dict[str, str]:
+        return {
+            **os.environ,
+            "LC_ALL": "C",
+            "GIT_CONFIG_NOSYSTEM": "1",
+            "GIT_DIR": str(self.git_dir),
+            **(env or {}),
+        }
+
+    @contextmanager
+    def feed(self, *args: str) -> Iterator[IO[bytes]]:
+        """Run ``git <args>`` in this repo with a pipe to its stdin, for streams too big to
+        hold (``fast-import``). The command must finish by itself when the pipe is closed
+        after the block. If the block raises, git is killed and the error goes on, unless
+        git had already stopped by itself with an error: then that error, with git's output,
+        is raised instead (a broken pipe is only its symptom)."""
+        with tempfile.TemporaryFile() as output:
+            process = subprocess.Popen(
+                ["git", *args],
+                stdin=subprocess.PIPE,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                env=self._env(),
+            )
+            assert process.stdin is not None
+            try:
+                yield process.stdin
+                process.stdin.close()
+            except BaseException:
+                stopped = process.poll()
+                process.kill()
+                process.wait()
+                if stopped:
+                    output.seek(0)
+                    raise FailedProcess(
+                        ["git", *args], stopped, output.read().decode(errors="replace")
+                    ) from None
+                raise
+            status = process.wait()
+            if status != 0:
+                output.seek(0)
+                raise FailedProcess(["git", *args], status, output.read().decode(errors="replace"))
+
+    def read_blob(self, sha: str) -> bytes:
+        """The bytes of blob ``sha``."""
+        done = subprocess.run(
+            ["git", "cat-file", "blob", sha], env=self._env(), capture_output=True, check=False
+        )
+        if done.returncode != 0:
+            raise FailedProcess(["git", "cat-file", "blob", sha], done.returncode, done.stderr.decode())
+        return done.stdout
 
     def out(self, *args: str, env: Mapping[str, str] | None = None) -> str:
         return self.run(*args, env=env)[1]

@@ -56,8 +56,7 @@ class Prepared:
     source_kind: str
     source_file: str
     source_sha256: str
-    tree_dir: Path | None
-    index_file: Path | None
+    tree_dir: Path | None  # the upstream files, to be patched in place
 
 
 @contextmanager
@@ -84,7 +83,7 @@ def prepare(
     fetched: tuple[Path, str] | None = None,
 ) -> Prepared:
     """Make sure ``pin``'s upstream commit exists; unpack only when it does not."""
-    from .upstream import find, import_tree
+    from .upstream import find, import_tree, record_import, tree_import
 
     if spec.is_canonical:
         if fetched is None:
@@ -93,13 +92,14 @@ def prepare(
         sdist, sha256 = fetched
         known = find(repo, pin)
         if known is not None and sha256 in repo.out("log", "-1", "--format=%B", known.commit):
-            return Prepared(known, spec.kind, sdist.name, sha256, None, None)
+            return Prepared(known, spec.kind, sdist.name, sha256, None)
         with log.phase(f"import vllm {pin} into git"):
-            tree_dir, epoch = unpack_sdist(sdist, scratch / f"src-{pin}")
-            index_file = scratch / f"index-{pin}"
+            # One pass over the sdist: each file is written out and streamed into git.
+            with tree_import(repo) as (importer, tree):
+                tree_dir, epoch = unpack_sdist(sdist, scratch / f"src-{pin}", importer.add)
             origin = f"{sdist.name} (sha256 {sha256})"
-            up = import_tree(repo, pin, tree_dir, epoch, origin, index_file, canonical=True)
-        return Prepared(up, spec.kind, sdist.name, sha256, tree_dir, index_file)
+            up = record_import(repo, pin, tree[0], epoch, origin, canonical=True)
+        return Prepared(up, spec.kind, sdist.name, sha256, tree_dir)
     with log.phase(f"import {spec.kind} source {spec.location}"):
         dest = scratch / f"src-{pin}"
         if spec.kind is SourceKind.GIT:
@@ -109,9 +109,8 @@ def prepare(
         else:
             tree_dir, epoch = copy_tree(Path(spec.location), dest)
             origin = f"a local tree ({Path(spec.location).name})"
-        index_file = scratch / f"index-{pin}"
-        up = import_tree(repo, pin, tree_dir, epoch, origin, index_file, canonical=False)
-    return Prepared(up, spec.kind, spec.location, "", tree_dir, index_file)
+        up = import_tree(repo, pin, tree_dir, epoch, origin, scratch / f"index-{pin}", canonical=False)
+    return Prepared(up, spec.kind, spec.location, "", tree_dir)
 
 
 def base_upstream(
@@ -235,8 +234,8 @@ def build(
         result = apply_series(repo, series, target, spec, lock, scratch, project)
         tree_dir = scratch / "patched"
         with log.phase("check out the patched tree"):
-            if target.tree_dir is not None and target.index_file is not None:
-                materialize(repo, target.tree_dir, target.index_file, target.upstream.commit, result.head)
+            if target.tree_dir is not None:
+                materialize(repo, target.tree_dir, target.upstream.commit, result.head)
                 tree_dir = target.tree_dir
             else:
                 checkout_into(repo, result.head, tree_dir, scratch / "index-patched")

@@ -1,0 +1,103 @@
+"""The one-pass sdist import: the files it writes, the tree it streams into git (the same
+tree ``git add --all`` of those files gives), and the patched tree written over it."""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from vllm_rbln_fork.apply import checkout_into, materialize
+from vllm_rbln_fork.errors import UnsafeSource
+from vllm_rbln_fork.gitrepo import IDENTITY, Identity, Repo
+from vllm_rbln_fork.pins import Pin
+from vllm_rbln_fork.source import unpack_sdist
+from vllm_rbln_fork.upstream import import_tree, record_import, tree_import
+
+MEMBERS: list[tuple[str, bytes | None, int]] = [  # (name, bytes or None for a directory, mode)
+    ("vllm-1.0", None, 0o755),
+    ("vllm-1.0/setup.py", b"print('setup')\n", 0o644),
+    ("vllm-1.0/tools/run.sh", b"#!/bin/sh\necho hi\n", 0o775),
+    ("vllm-1.0/vllm/a file with spaces.py", b"x = 1\n", 0o664),
+    ("vllm-1.0/vllm/\u00fcnicode.py", b"y = 2\n", 0o644),
+    ("vllm-1.0/vllm/empty.py", b"", 0o644),
+    ("vllm-1.0/vllm/twice.py", b"first\n", 0o644),
+    ("vllm-1.0/vllm/twice.py", b"second, the one tar keeps\n", 0o644),
+    ("vllm-1.0/./vllm/dotted.py", b"z = 3\n", 0o644),
+]
+
+
+def _sdist(path: Path, members: list[tuple[str, bytes | None, int]], mtime: int = 1_700_000_000) -> Path:
+    with tarfile.open(path, "w:gz") as tar:
+        for i, (name, data, mode) in enumerate(members):
+            info = tarfile.TarInfo(name)
+            info.mode, info.mtime = mode, mtime + i
+            if data is None:
+                info.type = tarfile.DIRTYPE
+                tar.addfile(info)
+            else:
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def _files(root: Path) -> dict[str, tuple[bytes, bool]]:
+    return {
+        p.relative_to(root).as_posix(): (p.read_bytes(), os.access(p, os.X_OK))
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
+
+
+def test_streamed_tree_is_the_tree_git_add_makes_of_the_same_files(tmp_path: Path) -> None:
+    repo = Repo(tmp_path / "repo.git")
+    sdist = _sdist(tmp_path / "vllm-1.0.tar.gz", MEMBERS)
+    with tree_import(repo) as (importer, tree):
+        top, epoch = unpack_sdist(sdist, tmp_path / "src", importer.add)
+    assert top == tmp_path / "src" / "vllm-1.0" and epoch == 1_700_000_000 + len(MEMBERS) - 1
+    assert _files(top)["vllm/twice.py"] == (b"second, the one tar keeps\n", False)
+    assert _files(top)["tools/run.sh"][1] and not _files(top)["setup.py"][1]
+    added = import_tree(repo, Pin.parse("1.0"), top, epoch, "a tree", tmp_path / "index", canonical=False)
+    assert tree[0] == repo.tree_of(added.commit)
+    assert repo.out("for-each-ref", "refs/rbln-import") == ""  # the scratch ref is gone
+
+
+def test_a_link_in_an_sdist_is_refused_and_nothing_is_imported(tmp_path: Path) -> None:
+    repo = Repo(tmp_path / "repo.git")
+    sdist = tmp_path / "vllm-1.0.tar.gz"
+    with tarfile.open(sdist, "w:gz") as tar:
+        info = tarfile.TarInfo("vllm-1.0/setup.py")
+        info.size = 1
+        tar.addfile(info, io.BytesIO(b"x"))
+        link = tarfile.TarInfo("vllm-1.0/link")
+        link.type, link.linkname = tarfile.SYMTYPE, "setup.py"
+        tar.addfile(link)
+    with pytest.raises(UnsafeSource, match="a link or special file"), tree_import(repo) as (importer, _):
+        unpack_sdist(sdist, tmp_path / "src", importer.add)
+    assert repo.out("for-each-ref") == ""
+
+
+def test_materialize_writes_what_the_series_changed_as_a_checkout_would(tmp_path: Path) -> None:
+    repo = Repo(tmp_path / "repo.git")
+    sdist = _sdist(tmp_path / "vllm-1.0.tar.gz", MEMBERS)
+    with tree_import(repo) as (importer, tree):
+        top, epoch = unpack_sdist(sdist, tmp_path / "src", importer.add)
+    upstream = record_import(repo, Pin.parse("1.0"), tree[0], epoch, "test", canonical=True)
+    # The patched commit: one file changed, one deleted, one added executable, one made executable.
+    work = tmp_path / "work"
+    checkout_into(repo, upstream.commit, work, tmp_path / "index-work")
+    (work / "setup.py").write_text("print('patched')\n")
+    (work / "vllm" / "empty.py").unlink()
+    (work / "vllm" / "new").mkdir()
+    (work / "vllm" / "new" / "tool.sh").write_text("#!/bin/sh\n")
+    (work / "vllm" / "new" / "tool.sh").chmod(0o755)
+    (work / "vllm" / "dotted.py").chmod(0o755)
+    env = {"GIT_WORK_TREE": str(work), "GIT_INDEX_FILE": str(tmp_path / "index-work")}
+    repo.run("add", "--all", ".", env=env, cwd=work)
+    patched_tree = repo.out("write-tree", env=env).strip()
+    head = repo.commit_tree(patched_tree, [upstream.commit], "patch\n", Identity(*IDENTITY, date="@0 +0000"))
+    materialize(repo, top, upstream.commit, head)
+    assert _files(top) == _files(work)
