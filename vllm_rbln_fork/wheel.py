@@ -7,11 +7,13 @@ import csv
 import hashlib
 import io
 import os
+import struct
 import sys
 import tempfile
 import time
 import zipfile
 from pathlib import Path
+from typing import BinaryIO
 
 from packaging.metadata import parse_email
 
@@ -21,6 +23,7 @@ from .manifest import BuildManifest, module_source
 
 COMPILED_SUFFIXES = (".so", ".pyd", ".dll", ".dylib", ".o", ".a", ".exe")
 MANIFEST_MODULE = "vllm/_rbln_build.py"
+LOCAL_HEADER = struct.Struct("<4s22xHH")  # a zip entry's local header: signature ... name and extra lengths
 ZIP_EPOCH_MIN = 315532800  # 1980-01-01: a zip file cannot say an earlier time
 
 
@@ -63,7 +66,7 @@ def build_wheel(tree: Path, version: str, epoch: int, manifest: BuildManifest, o
                 hint="vLLM's setup.py failed on the patched tree; its output is above.",
             )
             raw = _single_wheel(raw_dir)
-            return repack_pure(raw, version, epoch, manifest, out_dir, Path(tmp) / "unpacked")
+            return repack_pure(raw, version, epoch, manifest, out_dir)
     finally:
         os.umask(old_umask)
 
@@ -75,41 +78,101 @@ def _single_wheel(directory: Path) -> Path:
     return wheels[0]
 
 
-def repack_pure(
-    raw: Path, version: str, epoch: int, manifest: BuildManifest, out_dir: Path, scratch: Path
-) -> Path:
+def repack_pure(raw: Path, version: str, epoch: int, manifest: BuildManifest, out_dir: Path) -> Path:
     """Check ``raw`` has no compiled file, add the manifest, retag ``py3-none-any``.
 
     vLLM tags even a kernel-less build for one CPython and platform; we check that it
-    really is pure and say so in the tag, so one wheel serves every server.
+    really is pure and say so in the tag, so one wheel serves every server. The entries
+    are laid out as :func:`pack_wheel` lays them out (the same bytes), but the ones kept
+    as they are are copied still deflated, not extracted and deflated again: each is
+    inflated only to check its CRC and hash it for RECORD.
     """
-    with zipfile.ZipFile(raw) as zf:
-        names = zf.namelist()
-        compiled = [n for n in names if n.endswith(COMPILED_SUFFIXES)]
+    with zipfile.ZipFile(raw) as zf, raw.open("rb") as raw_file:
+        infos = {i.filename: i for i in zf.infolist() if not i.is_dir()}
+        compiled = [n for n in infos if n.endswith(COMPILED_SUFFIXES)]
         if compiled:
             raise WheelError(
                 f"the wheel contains compiled files ({', '.join(compiled[:5])}); an RBLN build must "
                 f"be pure Python (VLLM_TARGET_DEVICE=empty). Refusing to tag it py3-none-any."
             )
-        zf.extractall(scratch)
-    dist_info = _only(scratch.glob("*.dist-info"), "dist-info directory")
-    metadata_version = _metadata_version(dist_info / "METADATA")
-    if metadata_version != version:
-        raise WheelError(
-            f"vLLM's setup.py built version {metadata_version}, not {version}: it no longer "
-            f"honours VLLM_VERSION_OVERRIDE. Check setup.py's get_vllm_version() for this pin."
-        )
-    wheel_meta = dist_info / "WHEEL"
-    kept = [
-        line
-        for line in wheel_meta.read_text().splitlines()
-        if line.strip() and not line.startswith(("Tag:", "Root-Is-Purelib:"))
-    ]
-    wheel_meta.write_text("\n".join([*kept, "Root-Is-Purelib: true", "Tag: py3-none-any"]) + "\n")
-    (dist_info / "RECORD").unlink()
-    (scratch / MANIFEST_MODULE).write_text(module_source(manifest))
-    name = dist_info.name.removesuffix(".dist-info")  # vllm-<version>
-    return pack_wheel(scratch, out_dir / f"{name}-py3-none-any.whl", epoch)
+        tops = {n.split("/", 1)[0] for n in infos if "/" in n}
+        dist_info = _only((t for t in tops if t.endswith(".dist-info")), "dist-info directory").name
+        metadata_version = _metadata_version(zf.read(f"{dist_info}/METADATA"))
+        if metadata_version != version:
+            raise WheelError(
+                f"vLLM's setup.py built version {metadata_version}, not {version}: it no longer "
+                f"honours VLLM_VERSION_OVERRIDE. Check setup.py's get_vllm_version() for this pin."
+            )
+        kept = [
+            line
+            for line in zf.read(f"{dist_info}/WHEEL").decode().splitlines()
+            if line.strip() and not line.startswith(("Tag:", "Root-Is-Purelib:"))
+        ]
+        written = {
+            f"{dist_info}/WHEEL": (
+                "\n".join([*kept, "Root-Is-Purelib: true", "Tag: py3-none-any"]) + "\n"
+            ).encode(),
+            MANIFEST_MODULE: module_source(manifest).encode(),
+        }
+        record = f"{dist_info}/RECORD"
+        names = sorted((set(infos) | set(written)) - {record})
+        names.sort(key=lambda n: n.startswith(f"{dist_info}/"))  # stable: dist-info last
+        stamp = time.gmtime(max(epoch, ZIP_EPOCH_MIN))[:6]
+        name = dist_info.removesuffix(".dist-info")  # vllm-<version>
+        target = out_dir / f"{name}-py3-none-any.whl"
+        rows = []
+        with zipfile.ZipFile(target, "w") as out:
+            for entry in names:
+                info = infos.get(entry)
+                data = written[entry] if entry in written else zf.read(entry)  # inflated, CRC checked
+                if entry not in written and info is not None and info.compress_type == zipfile.ZIP_DEFLATED:
+                    _add_deflated(out, raw_file, info, stamp)
+                else:
+                    _add(out, entry, data, stamp, executable=False)
+                rows.append((entry, _record_digest(data), str(len(data))))
+            _add(out, record, _record(rows, record), stamp, executable=False)
+    return target
+
+
+def _record_digest(data: bytes) -> str:
+    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+def _record(rows: list[tuple[str, str, str]], record: str) -> bytes:
+    text = io.StringIO()
+    csv.writer(text, lineterminator="\n").writerows([*rows, (record, "", "")])
+    return text.getvalue().encode()
+
+
+def _add_deflated(
+    out: zipfile.ZipFile, source: BinaryIO, info: zipfile.ZipInfo, stamp: tuple[int, ...]
+) -> None:
+    """Write ``info``'s entry of the zip file ``source`` into ``out`` still deflated, with the
+    header :func:`_add` would write for it (same name, stamp, mode 0644): the same bytes
+    ``_add`` gives when the entry was deflated by zlib at its default level, as
+    setuptools does, without deflating it again.
+
+    zipfile has no public call for this; this does what ``ZipFile.writestr`` does around
+    its compressor (``_open_to_write`` and ``_ZipWriteFile.close``)."""
+    source.seek(info.header_offset)
+    signature, name_length, extra_length = LOCAL_HEADER.unpack(source.read(LOCAL_HEADER.size))
+    if signature != b"PK\x03\x04":
+        raise WheelError(f"the built wheel's entry {info.filename} has a bad local header.")
+    source.seek(info.header_offset + LOCAL_HEADER.size + name_length + extra_length)
+    deflated = source.read(info.compress_size)
+    copy = zipfile.ZipInfo(info.filename, date_time=stamp)  # type: ignore[arg-type]
+    copy.external_attr = 0o100644 << 16
+    copy.compress_type = zipfile.ZIP_DEFLATED
+    copy.flag_bits = 0
+    copy.CRC, copy.compress_size, copy.file_size = info.CRC, info.compress_size, info.file_size
+    zip64 = copy.file_size * 1.05 > zipfile.ZIP64_LIMIT
+    copy.header_offset = out.fp.tell()  # type: ignore[union-attr]
+    out.fp.write(copy.FileHeader(zip64))  # type: ignore[union-attr]
+    out.fp.write(deflated)  # type: ignore[union-attr]
+    out.filelist.append(copy)
+    out.NameToInfo[copy.filename] = copy
+    out.start_dir = out.fp.tell()  # type: ignore[attr-defined,union-attr]
+    out._didModify = True  # type: ignore[attr-defined]
 
 
 def pack_wheel(src: Path, target: Path, epoch: int) -> Path:
@@ -129,12 +192,8 @@ def pack_wheel(src: Path, target: Path, epoch: int) -> Path:
             path = src / name
             data = path.read_bytes()
             _add(zf, name, data, stamp, executable=os.access(path, os.X_OK))
-            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-            rows.append((name, f"sha256={digest}", str(len(data))))
-        rows.append((record, "", ""))
-        text = io.StringIO()
-        csv.writer(text, lineterminator="\n").writerows(rows)
-        _add(zf, record, text.getvalue().encode(), stamp, executable=False)
+            rows.append((name, _record_digest(data), str(len(data))))
+        _add(zf, record, _record(rows, record), stamp, executable=False)
     return target
 
 
@@ -152,9 +211,9 @@ def _only(paths: object, what: str) -> Path:
     return Path(found[0])
 
 
-def _metadata_version(path: Path) -> str:
+def _metadata_version(metadata: bytes) -> str:
     """The Version field of a METADATA file (parsed by packaging.metadata, as publish reads it)."""
-    raw, _ = parse_email(path.read_bytes())
+    raw, _ = parse_email(metadata)
     if "version" not in raw:
-        raise WheelError(f"{path.name} has no Version field.")
+        raise WheelError("the wheel's METADATA has no Version field.")
     return raw["version"]
