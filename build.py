@@ -3,7 +3,7 @@
 
 Like Rust's ``x.py``, this file needs nothing but the standard library: on the
 first run it makes a private virtual environment and installs the lock the command
-needs into it with ``pip --require-hashes``, then re-runs itself inside it. Later
+needs into it with uv (hashes required), then re-runs itself inside it. Later
 runs find the finished environment and re-exec at once.
 
 The locks (``requirements/``) nest, each holding the one before it:
@@ -69,10 +69,18 @@ def make_venv(env_dir: Path) -> None:
         "support (or use a python.org or uv-managed Python). Then run the same command again."
     )
     try:
-        import ensurepip  # noqa: F401  (Debian ships it apart, in python3.X-venv)
+        import ensurepip  # (Debian ships it apart, in python3.X-venv)
     except ImportError:
         sys.exit(missing)
+    # ensurepip installs pip (and setuptools) with pip, compiling every module: some 20 s.
+    # Its own pip wheel, run from the file, installs uv instead; uv then installs pip from
+    # that wheel in a moment. Where that fails, the venv is made the usual way.
+    wheels = sorted(Path(ensurepip.__file__).parent.glob("_bundled/pip-*.whl"))
     try:
+        venv.EnvBuilder(with_pip=False).create(env_dir)
+        python = env_dir / "bin" / "python"
+        if wheels and _uv_and_pip_from(wheels[-1], python):
+            return
         venv.EnvBuilder(with_pip=True).create(env_dir)
     except subprocess.CalledProcessError as exc:
         shutil.rmtree(env_dir, ignore_errors=True)
@@ -85,6 +93,81 @@ def make_venv(env_dir: Path) -> None:
         )
 
 
+def _uv_and_pip_from(pip_wheel: Path, python: Path) -> bool:
+    """Install uv (``bootstrap.lock``) with the pip of ``pip_wheel``, run from the file, then
+    pip from that wheel with uv; False (and nothing said) if either fails."""
+    import subprocess
+
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, "check": False}
+    lock = REQUIREMENTS / "bootstrap.lock"
+    pip = [str(python), str(pip_wheel / "pip"), "install", "--quiet", "--disable-pip-version-check"]
+    if subprocess.run([*pip, "--require-hashes", "-r", str(lock)], **quiet).returncode != 0:  # type: ignore[call-overload]
+        return False
+    uv = [str(python.parent / "uv"), "pip", "install", "--quiet", "--python", str(python), "--offline"]
+    return subprocess.run([*uv, str(pip_wheel)], **quiet).returncode == 0  # type: ignore[call-overload]
+
+
+def pip_settings(pip_config: str) -> dict[str, str]:
+    """pip's settings from ``pip config list``'s output, which has the environment's
+    ``PIP_*`` variables (as ``:env:.``) beside the files' ``global.`` and ``install.``
+    settings; the environment wins, then ``install``, then ``global``, as for pip."""
+    rank = {":env:": 0, "install": 1, "global": 2}
+    found: dict[str, tuple[int, str]] = {}
+    for line in pip_config.splitlines():
+        key, sep, value = line.partition("=")
+        scope, _, name = key.rpartition(".")
+        if sep and scope in rank and (name not in found or rank[scope] < found[name][0]):
+            found[name] = (rank[scope], value.strip().strip("'\""))
+    return {name: value for name, (_, value) in found.items()}
+
+
+def uv_options(settings: dict[str, str]) -> list[str]:
+    """uv's options for the indexes pip is configured with (uv does not read pip's
+    configuration). uv's default ``first-index`` strategy takes a package only from the
+    first index that has it; pip takes the best match from all of them, and so is uv told
+    to (the locks' hashes pin every file)."""
+    options = ["--index-strategy", "unsafe-best-match"]
+    for name in ("index-url", "extra-index-url", "find-links"):
+        for value in settings.get(name, "").split():
+            options += [f"--{name}", value]
+    return options
+
+
+def install(python: Path, lock: Path) -> None:
+    """Install ``lock`` (hashes required) into the env of ``python``: with uv, from a cache
+    shared by every env (hardlinks, no bytecode compiled up front), after installing uv
+    itself with pip from ``bootstrap.lock``; with pip where uv cannot be installed."""
+    import subprocess
+
+    pip = [str(python), "-m", "pip", "--disable-pip-version-check"]
+    uv = python.parent / "uv"
+    if not uv.exists():
+        bootstrap = REQUIREMENTS / "bootstrap.lock"
+        got_uv = subprocess.run(
+            [*pip, "install", "--quiet", "--require-hashes", "-r", str(bootstrap)], check=False
+        )
+        if got_uv.returncode != 0:
+            print(
+                "build.py: uv could not be installed; installing with pip instead (slower)", file=sys.stderr
+            )
+    if uv.exists():
+        config = subprocess.run([*pip, "config", "list"], capture_output=True, text=True, check=False)
+        settings = pip_settings(config.stdout)
+        env = dict(os.environ)
+        if settings.get("cert") and "SSL_CERT_FILE" not in env:
+            env["SSL_CERT_FILE"] = settings["cert"]  # pip's CA bundle serves uv too
+        command = [str(uv), "pip", "install", "--quiet", "--python", str(python), "--require-hashes"]
+        done = subprocess.run([*command, *uv_options(settings), "-r", str(lock)], env=env, check=False)
+    else:
+        done = subprocess.run([*pip, "install", "--quiet", "--require-hashes", "-r", str(lock)], check=False)
+    if done.returncode != 0:
+        sys.exit(
+            f"build.py: installing the tooling from {lock} failed (exit {done.returncode}).\n"
+            "Check that the package index is reachable, and that pip can find torch's CPU "
+            "build (docs/building.md, 'The tool environment'); then run the same command again."
+        )
+
+
 def ensure_tool_env(env_dir: Path, lock: Path) -> Path:
     python = env_dir / "bin" / "python"
     done = installed_marker(env_dir, lock)
@@ -93,7 +176,6 @@ def ensure_tool_env(env_dir: Path, lock: Path) -> Path:
     # Imported only to make an environment: a run that finds it ready re-execs at once.
     import fcntl
     import shutil
-    import subprocess
 
     env_dir.parent.mkdir(parents=True, exist_ok=True)
     with open(env_dir.parent / f"{env_dir.name}.lock", "w") as held:
@@ -104,27 +186,7 @@ def ensure_tool_env(env_dir: Path, lock: Path) -> Path:
             shutil.rmtree(env_dir, ignore_errors=True)  # a half-made env from an interrupted run
             make_venv(env_dir)
         print(f"build.py: installing {lock.relative_to(ROOT)} into {env_dir}", file=sys.stderr)
-        try:
-            subprocess.run(
-                [
-                    str(python),
-                    "-m",
-                    "pip",
-                    "install",
-                    "--quiet",
-                    "--disable-pip-version-check",
-                    "--require-hashes",
-                    "-r",
-                    str(lock),
-                ],
-                check=True,
-            )
-        except subprocess.CalledProcessError as exc:
-            sys.exit(
-                f"build.py: installing the tooling from {lock} failed (exit {exc.returncode}).\n"
-                "Check that the package index is reachable, and that pip can find torch's CPU "
-                "build (docs/building.md, 'The tool environment'); then run the same command again."
-            )
+        install(python, lock)
         for name in LOCKS[: LOCKS.index(lock.name) + 1]:  # a lock holds every one before it
             installed_marker(env_dir, REQUIREMENTS / name).write_text((REQUIREMENTS / name).read_text())
     return python

@@ -38,6 +38,8 @@ compile() {  # compile <name> <what it is for> [uv options]
   mv "$name.lock.tmp" "$name.lock"
 }
 
+# uv alone, which build.py installs with pip first; then uv installs the lock a command needs.
+compile bootstrap "uv, which build.py installs with pip before it installs a lock with uv." "$@"
 # Each lock holds the one before it; build.py installs the one a command needs.
 compile build "what \`python build.py --pin\` needs (and export, checkout, --review, --publish, yank)." "$@"
 compile test "the build lock plus what \`python build.py test\` needs (pytest, test servers)." "$@"

@@ -38,3 +38,31 @@ def test_a_python_without_ensurepip_gets_the_package_to_install(tmp_path: Path) 
     assert f"sudo apt install python{version}-venv" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr
     assert not list((tmp_path / "cache").glob("vllm-rbln-fork/tool-envs/py*/bin/pip")), "a half-made env"
+
+
+def test_uv_gets_the_indexes_pip_is_configured_with_the_environment_first() -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bootstrap", ROOT / "build.py")
+    assert spec is not None and spec.loader is not None
+    bootstrap = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bootstrap)
+    config = "\n".join(
+        [
+            ":env:.find-links='/opt/wheels'",
+            "global.cert='/etc/ssl/certs/ca.crt'",
+            "global.extra-index-url='file:///a/simple file:///b/simple'",
+            "global.find-links='/elsewhere'",
+            "global.index-url='https://files.example.invalid/simple'",
+            "install.index-url='https://install.example.invalid/simple'",
+        ]
+    )
+    settings = bootstrap.pip_settings(config)
+    assert settings["cert"] == "/etc/ssl/certs/ca.crt"
+    assert bootstrap.uv_options(settings) == [
+        *("--index-strategy", "unsafe-best-match"),
+        *("--index-url", "https://install.example.invalid/simple"),
+        *("--extra-index-url", "file:///a/simple", "--extra-index-url", "file:///b/simple"),
+        *("--find-links", "/opt/wheels"),
+    ]
+    assert bootstrap.uv_options({}) == ["--index-strategy", "unsafe-best-match"]
