@@ -12,7 +12,8 @@ import re
 import shutil
 import tempfile
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from .errors import ForkError
@@ -118,6 +119,10 @@ def copy_atomic(source: Path, target: Path, sha256: str | None = None) -> None:
         raise
 
 
+def _lock_file(directory: Path) -> Path:
+    return directory.parent / f".{directory.name}.lock"
+
+
 def made_once(directory: Path, make: Callable[[Path], None]) -> Path:
     """``directory``, made by ``make(directory)`` unless a finished one is there: a
     ``.complete`` marker, written last, tells a finished one from an interrupted one
@@ -128,13 +133,42 @@ def made_once(directory: Path, make: Callable[[Path], None]) -> Path:
     # Two test runs sharing a cache must not remove each other's half-made directory
     # (fcntl, not filelock: this module is standard library only).
     directory.parent.mkdir(parents=True, exist_ok=True)
-    with open(directory.parent / f".{directory.name}.lock", "w") as lock:
+    with open(_lock_file(directory), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not marker.exists():
             shutil.rmtree(directory, ignore_errors=True)
             make(directory)
             marker.write_text("")
     return directory
+
+
+@contextmanager
+def made_and_held(
+    directory: Path, make: Callable[[Path], None], *, exclusive: bool = False
+) -> Iterator[Path]:
+    """:func:`made_once`, then held while the ``with`` block uses it: shared (many users; only
+    :func:`remove_unless_held` is kept out) or ``exclusive`` (one user at a time, who may change
+    it: e.g. install another wheel into a venv). Blocks while another process holds it so."""
+    while True:
+        made_once(directory, make)
+        with open(_lock_file(directory), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+            if (directory / ".complete").exists():  # else removed between made and held
+                yield directory
+                return
+
+
+def remove_unless_held(directory: Path) -> bool:
+    """Remove a :func:`made_once` directory unless a process holds it (:func:`made_and_held`)
+    or is making it; say whether it was removed. Never waits."""
+    with open(_lock_file(directory), "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        (directory / ".complete").unlink(missing_ok=True)  # first: never a marked half-removed one
+        shutil.rmtree(directory, ignore_errors=True)
+        return True
 
 
 def read_toml(

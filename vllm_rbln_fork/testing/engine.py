@@ -4,7 +4,7 @@ into a fresh venv, and vLLM's real engine run on this machine's CPU by ``tests/e
 The venv is made the way docs/install.md tells a newcomer to make it, and keyed by the
 wheel's sha256, the engine lock's and the doc block's: an unchanged wheel reuses it at no
 cost; a new wheel gets a fresh venv (never a wheel swapped into an old one). Older engine
-venvs are removed (each is about 2.5 GB).
+venvs of the pin are removed (each is about 2.5 GB), except one that another run holds.
 """
 
 from __future__ import annotations
@@ -13,16 +13,16 @@ import hashlib
 import os
 import re
 import shlex
-import shutil
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from .. import log, proc
 from ..basewheel import BaseWheelSpec
 from ..errors import ForkError
-from ..files import made_once, sha256_of
+from ..files import made_and_held, remove_unless_held, sha256_of
 from ..paths import PROJECT_ROOT, cache_root
 from ..pins import Pin
 from ..pipeline import BuildResult, build
@@ -75,24 +75,61 @@ def doc_block(name: str, doc: Path = INSTALL_DOC) -> str:
     return match.group(1)
 
 
-def engine_venv(wheel: Path, lock: Path = ENGINE_LOCK) -> Path:
+def _venv_block() -> tuple[str, str, str]:
+    """docs/install.md's venv block, the interpreter it makes the venv with, and the venv's name."""
+    block = doc_block("venv")
+    made = re.search(r"(\S+) -m venv (\S+)", block)
+    if made is None:
+        raise ForkError(f"{INSTALL_DOC}'s venv block makes no venv ('python -m venv DIR').")
+    return block, made.group(1), made.group(2)
+
+
+def interpreter_version(interpreter: str) -> str:
+    """``sys.version`` of ``interpreter`` as the doc block's shell finds it (on ``PATH``)."""
+    hint = f"docs/install.md makes the venv with {interpreter}; install it or put it on PATH."
+    return proc.run([interpreter, "-c", "import sys; print(sys.version)"], hint=hint).strip()
+
+
+def engine_venv_dir(wheel: Path, lock: Path = ENGINE_LOCK, *, python_version: str | None = None) -> Path:
+    """Where the engine venv of ``wheel`` lives: keyed by the wheel, ``lock``, the doc block and
+    the Python the block makes it with (``python_version``, else asked of that interpreter)."""
+    block, interpreter, _ = _venv_block()
+    if python_version is None:
+        python_version = interpreter_version(interpreter)
+    key = "-".join(
+        [
+            sha256_of(wheel)[:16],
+            sha256_of(lock)[:8],
+            hashlib.sha256(block.encode()).hexdigest()[:8],
+            hashlib.sha256(python_version.encode()).hexdigest()[:8],
+        ]
+    )
+    pin = wheel.name.split("-")[1].split("+")[0]  # one venv a pin: a run at every pin reuses each
+    return cache_root() / "venvs" / f"engine-{pin}-{key}"
+
+
+def evict_older_engine_venvs(env_dir: Path) -> list[Path]:
+    """Remove the pin's other engine venvs (an older wheel's, 2.5 GB each), except those another
+    run holds or is making (:func:`files.made_and_held`); return the ones removed."""
+    pin = env_dir.name.split("-")[1]
+    removed = []
+    for old in sorted(env_dir.parent.glob(f"engine-{pin}-*")):
+        if old.is_dir() and old != env_dir and remove_unless_held(old):
+            removed.append(old)
+    return removed
+
+
+@contextmanager
+def engine_venv(wheel: Path, lock: Path = ENGINE_LOCK) -> Iterator[Path]:
     """A fresh venv made by docs/install.md's first block (``python -m venv`` and ``pip
     install`` of the wheel), dependencies held to ``lock`` through ``PIP_CONSTRAINT``, plus
-    pytest. Returns its Python."""
-    block = doc_block("venv")
-    venv_name = re.search(r"-m venv (\S+)", block)
-    if venv_name is None:
-        raise ForkError(f"{INSTALL_DOC}'s venv block makes no venv ('python -m venv DIR').")
-    key = f"{sha256_of(wheel)[:16]}-{sha256_of(lock)[:8]}-{hashlib.sha256(block.encode()).hexdigest()[:8]}"
-    root = cache_root() / "venvs"
-    pin = wheel.name.split("-")[1].split("+")[0]  # one venv a pin: a run at every pin reuses each
-    env_dir = root / f"engine-{pin}-{key}"
-    python = env_dir / venv_name.group(1) / "bin" / "python"
+    pytest; its Python, held (shared) for the ``with`` block so that no other run evicts it."""
+    block, _, venv_name = _venv_block()
+    env_dir = engine_venv_dir(wheel, lock)
+    python = env_dir / venv_name / "bin" / "python"
 
     def make(env_dir: Path) -> None:
-        for old in root.glob(f"engine-{pin}-*"):  # an older wheel's venv of this pin (2.5 GB)
-            if old != env_dir:
-                shutil.rmtree(old, ignore_errors=True)
+        evict_older_engine_venvs(env_dir)
         env_dir.mkdir(parents=True)
         script = re.sub(r"\./vllm-\S+\.whl", shlex.quote(str(wheel)), block)
         with log.phase(f"make the engine venv in {env_dir} (docs/install.md, block 1)"):
@@ -102,8 +139,8 @@ def engine_venv(wheel: Path, lock: Path = ENGINE_LOCK) -> Path:
             proc.run([python, "-m", "pip", "install", "pytest", "pytest-xdist"], env=env)
             proc.run([python, "-m", "pip", "check"], hint="the installed wheel's dependencies do not agree.")
 
-    made_once(env_dir, make)
-    return python
+    with made_and_held(env_dir, make):
+        yield python
 
 
 def engine_env(base: Mapping[str, str], result: BuildResult, pin: Pin) -> dict[str, str]:

