@@ -15,6 +15,9 @@ The unpatched outcomes may be cached per pin, keyed by the content of both trees
 the referee tests, the Hugging Face fixtures, the tests that cannot run, and the venv's
 installed packages; the record keeps the command that produced it. The patched side always
 runs.
+
+Both sides load ``conformance_plugin`` (copied beside the referee tests), which gives every
+test vLLM's own ``skip_global_cleanup`` marker: see that module for why.
 """
 
 from __future__ import annotations
@@ -48,7 +51,10 @@ from .outcomes import (
 
 # pytest: 0 all passed, 1 some tests failed; anything else means the run itself broke.
 _PYTEST_RAN = (0, 1)
-_CACHE_FORMAT = 1
+_CACHE_FORMAT = 2
+# Loaded into both sides' pytest (-p): the file is copied beside the referee tests.
+PLUGIN = Path(__file__).with_name("conformance_plugin.py")
+_PLUGIN_MODULE = "rbln_conformance_plugin"
 # The environment a vLLM test run sees: nothing of the caller's but these names.
 _PASSED_THROUGH_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "TZ")
 
@@ -77,13 +83,16 @@ def _check_tree(tree: Path, label: str, pin: str) -> None:
 
 
 def _referee(unpatched_tree: Path, work: Path) -> Path:
-    """A directory holding only the pin's ``tests/`` and ``pyproject.toml`` (pytest's config)."""
+    """A directory holding only the pin's ``tests/``, ``pyproject.toml`` (pytest's config) and
+    our pytest plugin."""
     if not (unpatched_tree / SUITE).is_dir():
         raise ConformanceError(f"the unpatched tree {unpatched_tree} has no {SUITE}/; use the pin's sdist.")
     referee = work / "referee"
     referee.mkdir()
     shutil.copytree(unpatched_tree / "tests", referee / "tests", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy2(unpatched_tree / "pyproject.toml", referee / "pyproject.toml")
+    # pytest's working directory is first on sys.path, so ``-p`` finds the plugin there.
+    shutil.copy2(PLUGIN, referee / f"{_PLUGIN_MODULE}.py")
     return referee
 
 
@@ -127,6 +136,7 @@ def _pytest_command(python: Path, junit: Path, cannot_run: Sequence[CannotRun], 
     cmd = [
         str(python), "-m", "pytest", SUITE,
         "-p", "no:cacheprovider",
+        "-p", _PLUGIN_MODULE,
         "-q", "-rfE",
         f"--junitxml={junit}",
         "-o", "junit_family=xunit1",
@@ -206,6 +216,7 @@ def _baseline_key(
         "pin": pin,
         "vllm": tree_id(unpatched_tree, "vllm"),
         "tests": tree_id(referee, "tests"),
+        "plugin": hashlib.sha256(PLUGIN.read_bytes()).hexdigest(),
         "hf_fixtures": tree_id(hf_home, "hub"),
         "cannot_run": hashlib.sha256("\n".join(sorted(c.test for c in cannot_run)).encode()).hexdigest(),
         "packages": hashlib.sha256(_installed_packages(python).encode()).hexdigest(),
@@ -259,7 +270,7 @@ def _store_baseline(cache_file: Path, key: Mapping[str, str], run: SideRun, tree
         "key": dict(key),
         "tree": str(tree),
         "command": list(run.command),
-        "cwd": "a directory holding only the pin's tests/ and pyproject.toml",
+        "cwd": "a directory holding only the pin's tests/, pyproject.toml and our pytest plugin",
         "env": {"PYTHONPATH": str(tree), "VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1"},
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "seconds": run.seconds,
