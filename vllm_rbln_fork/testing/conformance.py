@@ -51,7 +51,7 @@ from .outcomes import (
 
 # pytest: 0 all passed, 1 some tests failed; anything else means the run itself broke.
 _PYTEST_RAN = (0, 1)
-_CACHE_FORMAT = 2
+_CACHE_FORMAT = 3
 # Loaded into both sides' pytest (-p): the file is copied beside the referee tests.
 PLUGIN = Path(__file__).with_name("conformance_plugin.py")
 _PLUGIN_MODULE = "rbln_conformance_plugin"
@@ -203,6 +203,19 @@ def _installed_packages(python: Path) -> str:
     )
 
 
+def packages_digest(freeze: str) -> str:
+    """A hash of ``pip freeze`` output without vllm's own line: the installed vllm (the RBLN
+    wheel of the moment, named by its path and sha256) is shadowed by the tree under test,
+    which ``_check_vllm_resolves`` checks, so a new wheel must not void the unpatched
+    outcomes; every other package may change them."""
+    others = [
+        line
+        for line in freeze.splitlines()
+        if re.split(r"\s*(?:==|@|===)\s*", line.strip(), maxsplit=1)[0].lower() != "vllm"
+    ]
+    return hashlib.sha256("\n".join(others).encode()).hexdigest()
+
+
 def _baseline_key(
     pin: str,
     python: Path,
@@ -219,7 +232,7 @@ def _baseline_key(
         "plugin": hashlib.sha256(PLUGIN.read_bytes()).hexdigest(),
         "hf_fixtures": tree_id(hf_home, "hub"),
         "cannot_run": hashlib.sha256("\n".join(sorted(c.test for c in cannot_run)).encode()).hexdigest(),
-        "packages": hashlib.sha256(_installed_packages(python).encode()).hexdigest(),
+        "packages": packages_digest(_installed_packages(python)),
     }
 
 
