@@ -1,4 +1,4 @@
-"""The test runner's venvs and tier paths: keys, holds and evictions between concurrent runs.
+"""The test runner's venvs, trees and tier paths: keys, holds and evictions between concurrent runs.
 
 Real directories and real flock(2) locks; no venv is built (a venv already made, with the
 wheel already installed, is what these behaviours are about)."""
@@ -132,3 +132,37 @@ def test_a_renamed_per_pin_e2e_file_fails_the_run(monkeypatch: pytest.MonkeyPatc
 def test_every_path_the_runner_names_exists() -> None:
     runner.check_tier_paths(list(runner.TIERS))
     assert set(runner.E2E_PER_PIN) <= set(runner.TIER_PATHS["e2e"])
+
+
+# The scheduler tier's variant trees: hard-linked copies of the patched tree, one patch applied.
+
+VARIANT = """\
+--- a/vllm/gate.py
++++ b/vllm/gate.py
+@@ -1,2 +1,2 @@
+ def decode_step_tokens():
+-    return 1 + NUM_SPEC_TOKENS
++    return 0
+"""
+
+
+def test_a_variant_tree_changes_its_own_files_only(
+    tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    patched = made_once(tmp_path / "patched-0123456789ab", lambda d: (d / "vllm").mkdir(parents=True))
+    gate = "def decode_step_tokens():\n    return 1 + NUM_SPEC_TOKENS\n"
+    (patched / "vllm" / "gate.py").write_text(gate)
+    (patched / "vllm" / "other.py").write_text("x = 1\n")
+    variants = tmp_path / "variants"
+    variants.mkdir()
+    (variants / "no-backport.patch").write_text(VARIANT)
+    monkeypatch.setattr(runner, "VARIANTS", variants)
+
+    trees = runner.variant_trees(patched, "0123456789abcdef")
+
+    variant = Path(trees["no-backport"])
+    assert (variant / "vllm" / "gate.py").read_text() == "def decode_step_tokens():\n    return 0\n"
+    assert (patched / "vllm" / "gate.py").read_text() == gate  # the patched tree untouched
+    assert (variant / "vllm" / "other.py").read_text() == "x = 1\n"
+    assert (variant / "vllm" / "other.py").stat().st_ino == (patched / "vllm" / "other.py").stat().st_ino
+    assert (variant / ".complete").exists()
