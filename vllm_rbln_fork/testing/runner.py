@@ -214,7 +214,7 @@ def time_table(runs: list[TierRun]) -> str:
     by = {(r.tier, r.pin): r for r in runs}
     width = max([len(t) for t in tiers] + [5])
     lines = [
-        "time (s) and failures by tier and pin:",
+        "time (s) and failures by tier and pin (each a tier's own wall time; tiers run one by one):",
         f"{'tier':<{width}}" + "".join(f"{p:>16}" for p in pins),
     ]
     for tier in tiers:
@@ -244,6 +244,7 @@ def run_tests(argv: list[str]) -> int:
     )
     parser.add_argument("pytest_args", nargs="*", help="passed to every pytest run (after --)")
     args = parser.parse_args(argv)
+    run_start = time.perf_counter()
     tiers = args.tier or list(TIERS)
     check_tier_paths(tiers)
     reports = Path(tempfile.mkdtemp(prefix="test-reports-"))
@@ -317,6 +318,7 @@ def run_tests(argv: list[str]) -> int:
     for r in runs:
         total += r.counts
     print(f"\n{time_table(runs)}")
+    print(f"whole run: {time.perf_counter() - run_start:.0f} s wall")
     print(f"\nall tiers ({', '.join(tiers)}) at {', '.join(map(str, pins)) or 'no pin'}:")
     print(
         f"{total.passed} passed, {total.failed} failed"
