@@ -16,10 +16,13 @@ into the same repeated self-preemption as with sub-block caching off).
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +60,33 @@ def run_matrix_in(
     The variants run without the progress guarantee by default: the proofs
     are about the gate's arithmetic, and the guarantee rescues the cases
     whose prefill chunk fails (`test_the_progress_guarantee_...`)."""
-    flags = ([] if progress_guarantee else ["--no-progress-guarantee"]) + (["--extra"] if extra else [])
+    everything = _matrix_with_extra(tree, progress_guarantee)
+    wanted = set(CASE_IDS) | (set(EXTRA_IDS) if extra else set())
+    return {case_id: outcome for case_id, outcome in everything.items() if case_id in wanted}
+
+
+# One subprocess a (tree, progress guarantee) for the whole test run, shared by
+# pytest-xdist's workers: each case runs alone (its own scheduler), so the
+# `--extra` run's outcomes of the plain cases are theirs; several proofs ask
+# for the same tree (a subprocess importing vLLM costs seconds).
+_MEMO = Path(tempfile.gettempdir()) / (
+    f"rbln-livelock-matrix-{os.environ.get('PYTEST_XDIST_TESTRUNUID') or os.getpid()}"
+)
+
+
+def _matrix_with_extra(tree: Path, progress_guarantee: bool) -> dict[str, dict[str, Any]]:
+    _MEMO.mkdir(exist_ok=True)
+    key = hashlib.sha256(f"{tree.resolve()}\0{progress_guarantee}".encode()).hexdigest()[:16]
+    result = _MEMO / f"{key}.json"
+    with open(_MEMO / f"{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another worker running the same tree: wait for it
+        if not result.exists():
+            result.write_text(json.dumps(_run_matrix(tree, progress_guarantee)))
+    return dict(json.loads(result.read_text()))
+
+
+def _run_matrix(tree: Path, progress_guarantee: bool) -> dict[str, dict[str, Any]]:
+    flags = ([] if progress_guarantee else ["--no-progress-guarantee"]) + ["--extra"]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(tree), *filter(None, [env.get("PYTHONPATH")])])
     result = subprocess.run(
