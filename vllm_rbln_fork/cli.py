@@ -7,9 +7,9 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 
 from . import log
 from .errors import ForkError
@@ -24,7 +24,7 @@ class RichReporter:
     """Phases with timings, and a progress bar for downloads."""
 
     def __init__(self) -> None:
-        self._bars: dict[str, tuple[Progress, object]] = {}
+        self._bars: dict[str, tuple[Any, object]] = {}  # rich Progress bars, made on first use
 
     def phase_start(self, name: str) -> None:
         console.print(f"[bold]==>[/bold] {name}")
@@ -39,6 +39,9 @@ class RichReporter:
 
     def progress(self, task: str, done: int, total: int | None) -> None:
         if task not in self._bars:
+            # Imported here: only a download shows a bar, and a cache hit has none.
+            from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
+
             bar = Progress(
                 "    [progress.description]{task.description}",
                 BarColumn(),
