@@ -385,9 +385,30 @@ PROMPT_MAX_TOKENS = 4
 LIVELOCK_MAX_STEPS = 120
 
 
-def sub_block_settings(sub_block_size: int | None, enabled: bool = True) -> dict[str, Any]:
-    """The RBLN scheduler's sub-block settings (`VllmConfig.additional_config`)."""
-    return {"enable_sub_block_cache": enabled, "sub_block_size": sub_block_size}
+# The test connectors, by the `module.ClassName` the RBLN scheduler checks:
+# vLLM's MockKVConnector and the prefix-hit connector below report a
+# configured number of matched tokens and store nothing, so no key of theirs
+# depends on the request's block hashes. Listed as checked by the operator
+# (`sub_block_verified_connectors`): with sub-block caching on, the scheduler
+# refuses every connector not known to key on tokens.
+TEST_CONNECTORS = (
+    "tests.v1.kv_connector.unit.utils.MockKVConnector",
+    f"{__name__}.prefix_hit_connector_cls.<locals>.PrefixHitConnector",
+)
+
+
+def sub_block_settings(
+    sub_block_size: int | None,
+    enabled: bool = True,
+    verified_connectors: tuple[str, ...] = TEST_CONNECTORS,
+) -> dict[str, Any]:
+    """The RBLN scheduler's sub-block settings (`VllmConfig.additional_config`),
+    with the test connectors listed as checked."""
+    return {
+        "enable_sub_block_cache": enabled,
+        "sub_block_size": sub_block_size,
+        "sub_block_verified_connectors": list(verified_connectors),
+    }
 
 
 def rbln_scheduler_factory(additional_config: dict[str, Any] | None = None) -> Callable[..., Scheduler]:

@@ -427,3 +427,155 @@ def test_hash_keyed_connector_gets_one_key_per_block(settings: dict[str, Any] | 
     assert [len(k) for k in keys.values()] == [1, 1, 1]
     assert keys["a"][0] == keys["b"][0]
     assert keys["c"][0] != keys["a"][0]
+
+
+# --- Everything else that keys on request hashes (defects (a) and (b) of
+# the issue-14 review): the routed-experts output connector, and connectors
+# nobody checked (an allowlist, not a denylist).
+
+
+def with_routed_experts(settings: dict[str, Any] | None) -> Any:
+    """The RBLN scheduler with `enable_return_routed_experts=True`, so
+    upstream's scheduler builds its aux-output connector."""
+    from tests.v1.core.utils import create_scheduler
+    from vllm.config import AuxOutputConfig
+
+    rbln = h.rbln_scheduler_factory(settings)
+
+    def factory(*, vllm_config: Any, **kwargs: Any) -> Any:
+        vllm_config.aux_output_config = AuxOutputConfig(enable_return_routed_experts=True)
+        return rbln(vllm_config=vllm_config, **kwargs)
+
+    return create_scheduler(
+        scheduler_cls=factory,  # type: ignore[arg-type]
+        block_size=BLOCK,
+        num_blocks=20,
+        max_num_batched_tokens=CHUNK,
+        max_model_len=256,
+        enable_prefix_caching=True,
+    )
+
+
+@pytest.mark.parametrize("sub_block_size", [4, 8])
+def test_routed_experts_with_sub_blocks_is_refused(sub_block_size: int) -> None:
+    """The aux-output connector sends `request.block_hashes` to its worker,
+    which files each block's routed experts under one hash per
+    `resolve_kv_cache_block_sizes()` hash block: the KV block, for one group.
+    With sub-block hashes block 0 would be filed under the hash of tokens
+    0-3. Refused at construction, naming the setting and the ways out."""
+    from vllm.v1.core.sched.rbln_sub_block import SubBlockCacheConfigError
+
+    with pytest.raises(SubBlockCacheConfigError) as error:
+        with_routed_experts(h.sub_block_settings(sub_block_size))
+    message = str(error.value)
+    assert "enable_return_routed_experts" in message
+    assert f"sub_block_size={sub_block_size}" in message
+    assert "turn sub-block caching off" in message and "sub_block_size=16" in message
+
+
+@pytest.mark.parametrize(
+    "settings", [None, h.sub_block_settings(BLOCK)], ids=["sub-block-off", "sub-block-equals-block"]
+)
+def test_routed_experts_get_one_hash_per_block(settings: dict[str, Any] | None) -> None:
+    """Where request hashes are one per block, the aux-output connector runs,
+    and what it sends its worker is one hash per block, at the block size the
+    worker resolves (the premise of the refusal above)."""
+    from vllm.v1.core.kv_cache_utils import resolve_kv_cache_block_sizes
+
+    scheduler = with_routed_experts(settings)
+    assert scheduler.aux_output_connector is not None
+    assert resolve_kv_cache_block_sizes(scheduler.kv_cache_config, scheduler.vllm_config) == (BLOCK, BLOCK)
+    scheduler.add_request(h.make_request("A", prompt(40, seed=1), max_tokens=2, hash_block_size=BLOCK))
+    metadata = scheduler.schedule().aux_output_connector_metadata
+    assert len(list(metadata.block_hashes["A"])) == 40 // BLOCK
+
+
+def module_path_connector(name: str) -> Any:
+    """A KVTransferConfig loading `name` from tests/scheduler/oot_connectors.py
+    through `kv_connector_module_path`, as an out-of-tree connector is."""
+    from vllm.config import KVTransferConfig
+
+    return KVTransferConfig(
+        kv_connector=name,
+        kv_connector_module_path="oot_connectors",
+        kv_role="kv_both",
+        kv_connector_extra_config={"matched_tokens": 0, "is_async": False},
+    )
+
+
+@pytest.mark.parametrize("name", ["BlockHashKeyedConnector", "LMCacheConnectorV1"])
+def test_unverified_connector_with_sub_blocks_is_refused(name: str) -> None:
+    """An out-of-tree connector (`kv_connector_module_path`) is not known to
+    key on tokens, so it is refused with sub-block hashes, also when its class
+    takes the name of a checked in-tree connector. The message names the
+    class and the ways out, the operator's list among them."""
+    from vllm.v1.core.sched.rbln_sub_block import SubBlockCacheConfigError
+
+    with pytest.raises(SubBlockCacheConfigError) as error:
+        make_with_transfer_config(h.sub_block_settings(4), module_path_connector(name))
+    message = str(error.value)
+    assert f"oot_connectors.{name} is not known to key" in message
+    assert "turn sub-block caching off" in message and "sub_block_size=16" in message
+    assert 'additional_config["sub_block_verified_connectors"]' in message
+    assert "lmcache_connector.LMCacheConnectorV1" in message  # the checked ones
+
+
+def test_unverified_connector_inside_a_multi_connector_is_refused() -> None:
+    from vllm.config import KVTransferConfig
+    from vllm.v1.core.sched.rbln_sub_block import SubBlockCacheConfigError
+
+    child = module_path_connector("BlockHashKeyedConnector")
+    multi = KVTransferConfig(
+        kv_connector="MultiConnector",
+        kv_role="kv_both",
+        kv_connector_extra_config={
+            "connectors": [
+                {
+                    "kv_connector": child.kv_connector,
+                    "kv_connector_module_path": child.kv_connector_module_path,
+                    "kv_role": "kv_both",
+                    "kv_connector_extra_config": child.kv_connector_extra_config,
+                }
+            ]
+        },
+    )
+    with pytest.raises(SubBlockCacheConfigError, match="oot_connectors.BlockHashKeyedConnector"):
+        make_with_transfer_config(h.sub_block_settings(4), multi)
+
+
+def test_connector_listed_as_checked_runs_with_sub_blocks() -> None:
+    """The operator's list lets a connector they checked through; the same
+    connector runs with whole blocks without being listed."""
+    settings = h.sub_block_settings(4, verified_connectors=("oot_connectors.LMCacheConnectorV1",))
+    scheduler = make_with_transfer_config(settings, module_path_connector("LMCacheConnectorV1"))
+    assert type(scheduler.connector).__module__ == "oot_connectors"
+    whole_blocks = h.sub_block_settings(BLOCK, verified_connectors=())
+    scheduler = make_with_transfer_config(whole_blocks, module_path_connector("LMCacheConnectorV1"))
+    assert scheduler.connector is not None
+
+
+def test_checked_in_tree_connector_runs_with_sub_blocks(tmp_path: Any) -> None:
+    """vLLM's ExampleConnector (it stores a prompt under a hash of its token
+    ids) is on the checked list: the RBLN scheduler takes it with sub-block
+    hashes and no operator list."""
+    from vllm.config import KVTransferConfig
+
+    config = KVTransferConfig(
+        kv_connector="ExampleConnector",
+        kv_role="kv_both",
+        kv_connector_extra_config={"shared_storage_path": str(tmp_path)},
+    )
+    scheduler = make_with_transfer_config(h.sub_block_settings(4, verified_connectors=()), config)
+    assert type(scheduler.connector).__name__ == "ExampleConnector"
+
+
+def test_the_checked_list_names_connectors_vllm_has() -> None:
+    """Every entry of the allowlist is a class vLLM registers, under that
+    module: a renamed or moved connector must be checked again, not pass by
+    an old name."""
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+    from vllm.v1.core.sched.rbln_sub_block import TOKEN_KEYED_CONNECTORS, qualified_name
+
+    for name in TOKEN_KEYED_CONNECTORS:
+        registered = KVConnectorFactory._registry[name.rsplit(".", 1)[1]]()
+        assert qualified_name(registered) == name
