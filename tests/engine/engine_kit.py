@@ -147,21 +147,26 @@ def run(
     max_tokens: int,
     *,
     one_by_one: bool = False,
+    batches: list[int] | None = None,
     site: Path | None = None,
     **overrides: Any,
 ) -> Outcome:
     """One ``vllm.LLM`` on the prompts, greedy, in a fresh process: its outputs, metrics and
     the preemptions the scheduler made. ``site``: a variant_site() to run instead of the
     installed vllm. ``one_by_one``: each prompt finishes before the next
-    is sent (so later prompts can hit what earlier ones cached).
+    is sent (so later prompts can hit what earlier ones cached). ``batches``: the sizes of
+    consecutive groups of prompts, each group sent at once when the previous one finished.
 
     One engine per process: vLLM 0.31.0's CPU platform re-registers its Triton kernel
     overrides at every worker start by walking every loaded module, and after an ngram
     drafter has loaded numba the walk fails (``'_lib_fn_wrapper' object has no attribute
     'get'``), so a second engine in the same process cannot start.
     """
+    if batches is None:
+        batches = [1] * len(prompts) if one_by_one else [len(prompts)]
+    assert sum(batches) == len(prompts), (batches, len(prompts))
     job = {"model": str(model), "prompts": prompts, "max_tokens": max_tokens, "overrides": overrides,
-           "one_by_one": one_by_one}  # fmt: skip
+           "batches": batches}  # fmt: skip
     path = [str(site)] if site else []
     env = {
         **os.environ,
@@ -196,7 +201,10 @@ def _run_here(job: dict[str, Any]) -> dict[str, Any]:
     llm = LLM(model=job["model"], **engine_args(**job["overrides"]))
     params = SamplingParams(temperature=0, max_tokens=job["max_tokens"], ignore_eos=True)
     outputs = []
-    batches = [[p] for p in job["prompts"]] if job["one_by_one"] else [job["prompts"]]
+    batches, rest = [], list(job["prompts"])
+    for size in job["batches"]:
+        batches.append(rest[:size])
+        rest = rest[size:]
     start = time.perf_counter()
     for batch in batches:
         outputs += llm.generate([TokensPrompt(prompt_token_ids=p) for p in batch], params, use_tqdm=False)

@@ -1,11 +1,20 @@
 """Case 2: sub-block prefix hits in the engine, with the worker's copy-on-write copies.
 
-Each later prompt extends an earlier, finished one to a point inside a KV block (block 32,
-earlier prompts of 88 tokens = 2 blocks + 3 sub-blocks of 8). Whole-block caching can reuse
-64 tokens of it; sub-block caching reuses all 88, by copying the partial block before the
-new request writes into it. More hits, and the same tokens: if the copy were not made (or
-made wrong), the extending requests would attend to the wrong KV and their greedy outputs
-would differ.
+Each later prompt extends an earlier one to a point inside a KV block (block 32, earlier
+prompts of 88 tokens = 2 blocks + 3 sub-blocks of 8). Whole-block caching can reuse 64
+tokens of it; sub-block caching reuses all 88, by copying the partial block before the new
+request writes into it. More hits, and the same tokens: if the worker's copy were not made
+(or made wrong), the extending requests would attend to the wrong KV and their greedy
+outputs would differ.
+
+The first three extensions are sent after their earlier prompt finished. There, a missing
+copy-on-write in the scheduler (the extension writing straight into the earlier prompt's
+shared tail block) changes no token: nobody reads the slots it overwrites. So a third kind
+of request is sent together with the prompt it extends: it hits that prompt's tail block
+while the prompt is still decoding into it. Without the copy the two write the same slots,
+and the extension reads the other request's KV. The no-cow variant
+(``tests/engine/variants/no-cow.patch``, applied over the installed wheel) shows that
+this case sees it.
 """
 
 from __future__ import annotations
@@ -13,21 +22,49 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from engine_kit import NGRAM, RBLN, VOCAB, first_difference, run
+import pytest
+from engine_kit import NGRAM, RBLN, VOCAB, first_difference, run, variant_site
 
 rng = random.Random(7)
-EARLIER = [[rng.randrange(3, VOCAB) for _ in range(88)] for _ in range(3)]
-PROMPTS = [*EARLIER, *(p + [rng.randrange(3, VOCAB) for _ in range(30)] for p in EARLIER)]
+
+
+def words(count: int) -> list[int]:
+    return [rng.randrange(3, VOCAB) for _ in range(count)]
+
+
+EARLIER = [words(88) for _ in range(3)]
+# Sent one by one: each extension after the prompt it extends has finished.
+SEQUENTIAL = [*EARLIER, *(p + words(30) for p in EARLIER)]
+# Sent together: the RBLN scheduler prefills RUNNING (88 tokens), then HITTING (its
+# extension) in the next step, which hits RUNNING's tail block while RUNNING decodes.
+RUNNING = words(88)
+HITTING = RUNNING + words(30)
+PROMPTS = [*SEQUENTIAL, RUNNING, HITTING]
+BATCHES = [1] * len(SEQUENTIAL) + [2]
 COMMON = dict(scheduler_cls=RBLN, speculative_config=NGRAM, enable_prefix_caching=True)
+SUB_BLOCKS = {"enable_sub_block_cache": True, "sub_block_size": 8}
+NO_COW = Path(__file__).resolve().parent / "variants" / "no-cow.patch"
 
 
-def test_sub_block_hits_raise_the_hit_count_and_keep_the_tokens(model: Path) -> None:
-    whole = run(model, PROMPTS, 8, one_by_one=True, **COMMON)
-    sub = run(model, PROMPTS, 8, one_by_one=True, **COMMON,
-              additional_config={"enable_sub_block_cache": True, "sub_block_size": 8})  # fmt: skip
+@pytest.fixture(scope="module")
+def no_cow(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return variant_site(NO_COW, tmp_path_factory.mktemp("no-cow"))
+
+
+def test_sub_block_hits_raise_the_hit_count_and_keep_the_tokens(model: Path, no_cow: Path) -> None:
+    whole = run(model, PROMPTS, 8, batches=BATCHES, **COMMON)
+    sub = run(model, PROMPTS, 8, batches=BATCHES, **COMMON, additional_config=SUB_BLOCKS)
 
     assert sub.tokens == whole.tokens, first_difference(whole.tokens, sub.tokens)
     whole_hits, sub_hits = whole.metrics["vllm:prefix_cache_hits"], sub.metrics["vllm:prefix_cache_hits"]
-    # Whole blocks: 64 tokens of each earlier prompt. Sub-blocks: all 88.
-    assert whole_hits == 3 * 64, whole.metrics
-    assert sub_hits == 3 * 88, sub.metrics
+    # Four extensions. Whole blocks: 64 tokens of each earlier prompt. Sub-blocks: all 88.
+    assert whole_hits == 4 * 64, whole.metrics
+    assert sub_hits == 4 * 88, sub.metrics
+
+    # The same sub-block run without copy-on-write: the same hits, and other tokens for
+    # the request that hit a running request's tail block (and only there).
+    variant = run(model, PROMPTS, 8, batches=BATCHES, site=no_cow, **COMMON, additional_config=SUB_BLOCKS)
+    assert variant.vllm_file.startswith(str(no_cow)), variant.vllm_file
+    assert variant.metrics["vllm:prefix_cache_hits"] == 4 * 88, variant.metrics
+    assert variant.tokens[: len(SEQUENTIAL)] == whole.tokens[: len(SEQUENTIAL)]
+    assert variant.tokens[-1] != whole.tokens[-1], "no-cow: the hitting request's tokens did not change"
