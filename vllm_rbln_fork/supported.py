@@ -6,6 +6,11 @@ at every pin is one file, ``patches/<name>``; a pin's own form of a patch is
 ``patches/<pin>/<name>``, and that pin's series names it so. Any other pin is built by
 carrying the newest supported series (the build's 3-way carry), as a project without
 ``pins.toml`` carries its one ``series`` file.
+
+A move to a new pin is marked in ``pins.toml`` before its series is used:
+``[pin."X"] status = "moving"`` (no tier runs it by default; ``--pin X`` builds it from
+``series/X``). A ``series/<pin>`` of a pin that ``pins.toml`` does not list (left from an
+abandoned move) is an error, never silently preferred to carrying the newest series.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal, cast
 
 from . import log
 from .errors import BadPin, SeriesError
@@ -20,15 +26,32 @@ from .pins import Pin
 from .project import Project
 from .series import Series, read_series
 
+Status = Literal["supported", "moving"]
+STATUSES: tuple[Status, ...] = ("supported", "moving")
+
 
 @dataclass(frozen=True)
 class SupportedPin:
     pin: Pin
     test_lock: Path  # the vLLM test venv's requirements: pins whose dependencies agree share one
+    engine_lock: Path | None = None  # the engine tier's constraints; None: see tests/engine/cannot-run.toml
+    status: Status = "supported"  # "moving": a move under way, built from series/<pin>, not tested by default
 
 
-def supported_pins(project: Project) -> tuple[SupportedPin, ...]:
-    """The pins of ``pins.toml``, oldest first; empty for a single-series project."""
+def _lock(project: Project, entry: dict[str, object], key: str, pin: Pin, required: bool) -> Path | None:
+    value = entry.get(key)
+    if value is None and not required:
+        return None
+    if not isinstance(value, str) or not (project.root / value).is_file():
+        raise SeriesError(
+            f'{project.pins_file.name}: [pin."{pin}"] needs {key} = "<file>" naming an existing '
+            f"requirements lock (got {value!r})."
+        )
+    return project.root / value
+
+
+def listed_pins(project: Project) -> tuple[SupportedPin, ...]:
+    """Every pin of ``pins.toml`` (supported and moving), oldest first; empty without it."""
     path = project.pins_file
     if not path.exists():
         return ()
@@ -41,36 +64,64 @@ def supported_pins(project: Project) -> tuple[SupportedPin, ...]:
         raise SeriesError(
             f'{path.name} lists no pins; add a table [pin."0.31.0"] per supported vLLM release.'
         )
-    result = []
+    parsed: list[tuple[Pin, Status, Path | None, Path | None]] = []
     for text, entry in table.items():
         try:
             pin = Pin.parse(text)
         except BadPin as exc:
             raise SeriesError(f"{path.name}: {exc}") from None
-        lock = entry.get("test-lock") if isinstance(entry, dict) else None
-        if not isinstance(lock, str) or not (project.root / lock).is_file():
+        entry = entry if isinstance(entry, dict) else {}
+        status = entry.get("status", "supported")
+        if status not in STATUSES:
             raise SeriesError(
-                f'{path.name}: [pin."{pin}"] needs test-lock = "<file>" naming an existing requirements '
-                f"lock for its test venv (got {lock!r})."
+                f'{path.name}: [pin."{pin}"] has status = {status!r}; use "supported" (the default) '
+                'or "moving" (a move under way: docs/patch-workflow.md).'
             )
-        result.append(SupportedPin(pin, project.root / lock))
-    return tuple(sorted(result, key=lambda s: s.pin))
+        test_lock = _lock(project, entry, "test-lock", pin, required=status == "supported")
+        engine_lock = _lock(project, entry, "engine-lock", pin, required=False)
+        parsed.append((pin, cast(Status, status), test_lock, engine_lock))
+    parsed.sort(key=lambda p: p[0])
+    newest = [lock for _, status, lock, _ in parsed if status == "supported" and lock is not None]
+    if not newest:
+        raise SeriesError(
+            f'{path.name} lists no supported pin (each has status = "moving"); add one that the '
+            "project supports."
+        )
+    # A moving pin without a test lock of its own is tested with the newest supported pin's.
+    return tuple(
+        SupportedPin(pin, lock or newest[-1], engine, status) for pin, status, lock, engine in parsed
+    )
+
+
+def supported_pins(project: Project) -> tuple[SupportedPin, ...]:
+    """The supported pins of ``pins.toml``, oldest first; empty for a single-series project."""
+    return tuple(s for s in listed_pins(project) if s.status == "supported")
 
 
 def series_file_for(project: Project, pin: Pin | None = None) -> Path:
-    """The series that builds ``pin``: its own (``series/<pin>``, also for a pin being moved
-    to and not yet in ``pins.toml``), else the newest supported one, carried onto it.
-    ``None``: the newest supported one."""
-    supported = supported_pins(project)
-    if not supported:
+    """The series that builds ``pin``: its own (``series/<pin>``) when ``pins.toml`` lists the
+    pin (supported, or ``status = "moving"``), else the newest supported one, carried onto
+    it. ``None``: the newest supported one. A ``series/<pin>`` of an unlisted pin is an error."""
+    listed = listed_pins(project)
+    if not listed:
         return project.series_file
-    if pin is not None and (project.series_dir / str(pin)).is_file():
-        return project.series_dir / str(pin)
+    supported = [s for s in listed if s.status == "supported"]
     have = [s.pin for s in supported if (project.series_dir / str(s.pin)).is_file()]
     if not have:
         raise SeriesError(
             f"{project.pins_file.name} lists {', '.join(str(s.pin) for s in supported)}, but series/ "
             f"has none of them. Each supported pin needs its series, series/<pin>."
+        )
+    own = project.series_dir / str(pin)
+    if pin is not None and own.is_file():
+        if pin in {s.pin for s in listed}:
+            return own
+        raise SeriesError(
+            f"series/{pin} exists, but {project.pins_file.name} does not list vllm {pin}: it is left "
+            f'from a move. To go on with that move, add [pin."{pin}"] with status = "moving" to '
+            f"{project.pins_file.name} (docs/patch-workflow.md); if the move was abandoned, delete "
+            f"series/{pin} (and patches/{pin}/), and vllm {pin} is built by carrying the newest "
+            f"supported series, series/{have[-1]}."
         )
     return project.series_dir / str(have[-1])
 

@@ -19,7 +19,7 @@ from .pipeline import apply_series, build_lock, prepare, scratch_dir
 from .project import Project
 from .series import lint, parse_patch, read_series, read_series_names, render_series
 from .source import SourceSpec
-from .supported import read_series_for, series_pins, supported_pins, unused_patch_files
+from .supported import listed_pins, read_series_for, series_pins, supported_pins, unused_patch_files
 
 # Pinned so that exporting an unchanged branch changes no byte, whatever the
 # user's git config says. Blob ids are abbreviated to a fixed length; they stay
@@ -143,7 +143,13 @@ def export(tree: Path, project: Project, *, promote: bool = False) -> Exported:
             )
         rendered[name] = text
 
-    if supported_pins(project):
+    if listed := listed_pins(project):
+        if pin not in {s.pin for s in listed}:
+            raise SeriesError(
+                f"{project.pins_file.name} does not list vllm {pin}, so export writes no series/{pin}: "
+                f'a move is marked first. Add [pin."{pin}"] with status = "moving" to '
+                f"{project.pins_file.name} (docs/patch-workflow.md), then export {tree} again."
+            )
         result = _write_pin_series(repo, roots[0], pin, rendered, project, promote=promote)
     else:
         result = Exported(_write_single_series(pin, rendered, project))
@@ -210,7 +216,8 @@ def _write_pin_series(
     if promote and pin not in supported:
         raise ForkError(
             f"--promote writes a shared patch that the supported pins build from, but {pin} is not "
-            f"in {project.pins_file.name} (its series is not tested). Export without --promote "
+            f"supported in {project.pins_file.name} (a move under way: its series is not tested). "
+            f"Export without --promote "
             f"(the change stays {pin}'s own form), or make the change at a supported pin "
             f"({', '.join(map(str, supported))}) with 'python build.py checkout --pin <pin>'."
         )

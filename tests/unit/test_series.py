@@ -101,6 +101,9 @@ def test_a_pins_own_form_is_named_by_pin_and_keeps_the_patch_name(tmp_path) -> N
         ('[pin."0.31.0"]\n', "needs test-lock"),
         ('[pin."0.31.0"]\ntest-lock = "missing.lock"\n', "needs test-lock"),
         ("[pin\n", "not valid TOML"),
+        ('[pin."0.31.0"]\ntest-lock = "x.lock"\nstatus = "gone"\n', "has status = 'gone'"),
+        ('[pin."0.31.0"]\nstatus = "moving"\n', "lists no supported pin"),
+        ('[pin."0.31.0"]\ntest-lock = "x.lock"\nengine-lock = "none.lock"\n', "needs engine-lock"),
     ],
 )
 def test_broken_pins_toml(tmp_path, pins_toml, message) -> None:

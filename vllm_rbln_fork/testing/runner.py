@@ -34,7 +34,7 @@ from ..pins import Pin
 from ..pipeline import BuildResult, build
 from ..project import Project
 from ..source import SourceSpec
-from ..supported import read_series_for, supported_pins
+from ..supported import listed_pins, read_series_for, supported_pins
 
 TIERS = ("tooling", "scheduler", "upstream", "e2e", "engine")
 ROWS = ("tooling", "setup", *TIERS[1:])  # setup: build the wheel, trees and test venv of a pin
@@ -165,19 +165,29 @@ def variant_trees(patched: Path, patched_commit: str) -> dict[str, str]:
     return trees
 
 
-def _engine_tier(pin: Pin, base_env: dict[str, str], reports: Path, pytest_args: list[str]) -> Counts:
+def _engine_tier(
+    pin: Pin,
+    project: Project,
+    base_env: dict[str, str],
+    reports: Path,
+    pytest_args: list[str],
+    not_run: list[str],
+) -> Counts:
     from . import engine
 
     cannot = engine.CannotRun.load(pin)
-    if str(pin) in cannot.pins:
-        log.warn(f"the engine tier cannot run at vllm {pin}: {cannot.pins[str(pin)]}")
-        return Counts()
+    plan = engine.plan_for(pin, project, cannot)
+    if plan.lock is None:
+        assert plan.not_run is not None
+        log.warn(plan.not_run)
+        not_run.append(plan.not_run)  # repeated in the run's summary
+        return Counts(failed=1) if plan.fails else Counts()
     result = engine.build_engine_wheel(pin)
     env = engine.engine_env(base_env, result, pin)
     # Two engines at a time (one test file a worker): each engine's start is mostly
     # single-threaded Python, so two share the 2 cores well.
     extra = ["-n", "2", "--dist", "loadfile", *engine.deselect_args(cannot), *pytest_args]
-    with engine.engine_venv(result.wheel) as python:
+    with engine.engine_venv(result.wheel, plan.lock) as python:
         return _pytest(python, ["tests/engine"], env, reports / "engine.xml", extra)
 
 
@@ -197,7 +207,14 @@ def _pins(requested: list[str] | None, project: Project) -> list[Pin]:
 
 
 def _test_lock(pin: Pin, project: Project) -> Path:
-    locks = {s.pin: s.test_lock for s in supported_pins(project)}
+    listed = listed_pins(project)
+    if not listed:
+        raise ForkError(
+            f"{project.root} has no {project.pins_file.name}, which names the requirements of the vLLM "
+            f'test venv: add it with [pin."{pin}"] test-lock = "<requirements lock>" '
+            "(docs/patch-workflow.md)."
+        )
+    locks = {s.pin: s.test_lock for s in listed}
     if pin in locks:
         return locks[pin]
     newest = supported_pins(project)[-1]
@@ -251,6 +268,7 @@ def run_tests(argv: list[str]) -> int:
     base_env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
     project = Project.default()
     runs: list[TierRun] = []
+    not_run: list[str] = []  # whole tiers a cannot-run list keeps from a pin: said loudly at the end
 
     def timed(
         tier: str, pin: str, python: Path, paths: list[str], env: dict[str, str], extra: list[str]
@@ -276,7 +294,7 @@ def run_tests(argv: list[str]) -> int:
         held.close()
         if "engine" in tiers:
             start = time.perf_counter()
-            counts = _engine_tier(pin, base_env, reports, args.pytest_args)
+            counts = _engine_tier(pin, project, base_env, reports, args.pytest_args, not_run)
             runs.append(TierRun("engine", str(pin), time.perf_counter() - start, counts))
         if not vllm_tiers:
             continue
@@ -318,6 +336,8 @@ def run_tests(argv: list[str]) -> int:
     for r in runs:
         total += r.counts
     print(f"\n{time_table(runs)}")
+    for line in not_run:
+        print(f"\n!!! {line}")
     print(f"whole run: {time.perf_counter() - run_start:.0f} s wall")
     print(f"\nall tiers ({', '.join(tiers)}) at {', '.join(map(str, pins)) or 'no pin'}:")
     print(
