@@ -110,12 +110,7 @@ def _drain(prompt_len: int, progress_guarantee: bool) -> dict[str, Any]:
     elif progress_guarantee:
         raise SystemExit("this tree has no progress guarantee")
     driver = h.Driver(scheduler)
-    for i in (1, 2):
-        driver.add(
-            h.make_request(f"decode-{i}", h.distinct_prompt(i, h.DECODE_PROMPT_LEN), h.DECODE_MAX_TOKENS)
-        )
-    while not driver.steps or not driver.steps[-1].decode_req_ids:
-        driver.step()
+    h.start_livelock_decodes(driver)
     remaining = max(r.max_tokens - r.num_output_tokens for r in scheduler.running)
     driver.add(h.make_request("prompt", h.distinct_prompt(100 + prompt_len, prompt_len), h.PROMPT_MAX_TOKENS))
     steps = driver.run(h.LIVELOCK_MAX_STEPS)

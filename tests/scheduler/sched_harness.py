@@ -124,6 +124,29 @@ def distinct_prompt(seed: int, length: int) -> list[int]:
     return [(seed * 7919 + i) % 30000 + 1 for i in range(length)]
 
 
+def named_request(req_id: str, prompt_len: int, max_tokens: int, **kwargs: Any) -> Request:
+    """A request with a distinct prompt seeded by its id (`make_request`'s
+    keywords pass through)."""
+    seed = sum(ord(c) * 31**i for i, c in enumerate(req_id)) % 1000
+    return make_request(req_id, distinct_prompt(seed, prompt_len), max_tokens, **kwargs)
+
+
+def make_scheduler(rbln: bool = True, **kwargs: Any) -> Scheduler:
+    """`create_scheduler` with blocks of `BLOCK_SIZE` (unless given): the
+    RBLN scheduler, or upstream's `Scheduler` with `rbln=False`."""
+    from tests.v1.core.utils import create_scheduler
+
+    kwargs.setdefault("block_size", BLOCK_SIZE)
+    if rbln:
+        kwargs["scheduler_cls"] = _rbln_scheduler_cls()
+    return create_scheduler(**kwargs)
+
+
+def blocks_held(scheduler: Scheduler, req_id: str) -> int:
+    """KV blocks the request holds (one KV cache group)."""
+    return len(scheduler.kv_cache_manager.get_blocks(req_id).blocks[0])
+
+
 @dataclass
 class StepRecord:
     """What one `schedule()` call gave the step to."""
@@ -496,6 +519,23 @@ def make_livelock_scheduler(case: LivelockCase, progress_guarantee: bool = True)
     return scheduler
 
 
+def start_livelock_decodes(driver: Driver, hash_block_size: int = BLOCK_SIZE) -> None:
+    """The livelock geometry's two drafting decodes: add them, prefill both
+    (two chunks each, one prefill per step) and run one decode step."""
+    for i in (1, 2):
+        driver.add(
+            make_request(
+                f"decode-{i}",
+                distinct_prompt(i, DECODE_PROMPT_LEN),
+                max_tokens=DECODE_MAX_TOKENS,
+                hash_block_size=hash_block_size,
+            )
+        )
+    while not driver.steps or not driver.steps[-1].decode_req_ids:
+        driver.step()
+        assert len(driver.steps) <= 8, "the decodes did not start"
+
+
 def set_progress_guarantee(scheduler: Scheduler, enabled: bool) -> None:
     """Turn the RBLN scheduler's progress guarantee (a lone prefill that
     cannot get blocks preempts a decode, not itself) on or off."""
@@ -530,20 +570,7 @@ def run_livelock_case(case: LivelockCase, progress_guarantee: bool = True) -> Li
     scheduler = make_livelock_scheduler(case, progress_guarantee)
     assert num_usable_blocks(scheduler) == 6
     driver = Driver(scheduler)
-    for i in (1, 2):
-        driver.add(
-            make_request(
-                f"decode-{i}",
-                distinct_prompt(i, DECODE_PROMPT_LEN),
-                max_tokens=DECODE_MAX_TOKENS,
-                hash_block_size=case.hash_block_size,
-            )
-        )
-    # Prefill both decodes (two chunks each, one prefill per step) and run
-    # one decode step, so both are drafting.
-    while not driver.steps or not driver.steps[-1].decode_req_ids:
-        driver.step()
-        assert len(driver.steps) <= 8, "the decodes did not start"
+    start_livelock_decodes(driver, case.hash_block_size)
     decodes = [r for r in scheduler.running if r.request_id.startswith("decode-")]
     assert len(decodes) == 2 and all(r.spec_token_ids for r in decodes)
     free_at_admission = scheduler.kv_cache_manager.block_pool.get_num_free_blocks()

@@ -22,24 +22,14 @@ import sched_harness as h
 SPEC = h.NUM_SPEC_TOKENS
 
 
-def make(rbln: bool = True, **kwargs: Any) -> Any:
-    from tests.v1.core.utils import create_scheduler
+request = h.named_request
+blocks_held = h.blocks_held
 
-    kwargs.setdefault("block_size", h.BLOCK_SIZE)
+
+def make(rbln: bool = True, **kwargs: Any) -> Any:
     kwargs.setdefault("num_speculative_tokens", SPEC)
     kwargs.setdefault("speculative_method", "ngram")
-    if rbln:
-        kwargs["scheduler_cls"] = h._rbln_scheduler_cls()
-    return create_scheduler(**kwargs)
-
-
-def request(req_id: str, prompt_len: int, max_tokens: int, **kwargs: Any) -> Any:
-    seed = sum(ord(c) * 31**i for i, c in enumerate(req_id)) % 1000
-    return h.make_request(req_id, h.distinct_prompt(seed, prompt_len), max_tokens, **kwargs)
-
-
-def blocks_held(scheduler: Any, req_id: str) -> int:
-    return len(scheduler.kv_cache_manager.get_blocks(req_id).blocks[0])
+    return h.make_scheduler(rbln, **kwargs)
 
 
 def _review_repro(rbln: bool, num_blocks: int) -> tuple[Any, h.Driver]:

@@ -78,12 +78,7 @@ def test_eagle_at_the_livelock_geometry(eagle_draft: Path, prompt_len: int) -> N
     decodes, runs to the end and is never preempted."""
     scheduler = make(eagle_draft, num_blocks=h.LIVELOCK_NUM_BLOCKS)
     driver = h.Driver(scheduler)
-    for i in (1, 2):
-        driver.add(
-            h.make_request(f"decode-{i}", h.distinct_prompt(i, h.DECODE_PROMPT_LEN), h.DECODE_MAX_TOKENS)
-        )
-    while not driver.steps or not driver.steps[-1].decode_req_ids:
-        driver.step()
+    h.start_livelock_decodes(driver)
     assert scheduler.kv_cache_manager.block_pool.get_num_free_blocks() == h.FREE_BLOCKS_AT_ADMISSION
     driver.add(h.make_request("prompt", h.distinct_prompt(100 + prompt_len, prompt_len), h.PROMPT_MAX_TOKENS))
     driver.run(h.LIVELOCK_MAX_STEPS)

@@ -86,12 +86,7 @@ def test_a_max_tokens_1_request_reserves_the_decode_step_it_never_runs() -> None
     does not."""
     scheduler = h.make_livelock_scheduler(h.LivelockCase(26, None, False))
     driver = h.Driver(scheduler)
-    for i in (1, 2):
-        driver.add(
-            h.make_request(f"decode-{i}", h.distinct_prompt(i, h.DECODE_PROMPT_LEN), h.DECODE_MAX_TOKENS)
-        )
-    while not driver.steps or not driver.steps[-1].decode_req_ids:
-        driver.step()
+    h.start_livelock_decodes(driver)
     pool = scheduler.kv_cache_manager.block_pool
     assert pool.get_num_free_blocks() == 2
     driver.add(h.make_request("one", h.distinct_prompt(7, 26), max_tokens=1))

@@ -18,23 +18,13 @@ if TYPE_CHECKING:
 SPEC = h.NUM_SPEC_TOKENS
 
 
+request = h.named_request
+num_blocks_of = h.blocks_held
+
+
 def make(rbln: bool = True, **kwargs: Any) -> Scheduler:
-    from tests.v1.core.utils import create_scheduler
-
-    kwargs.setdefault("block_size", h.BLOCK_SIZE)
     kwargs.setdefault("max_model_len", 512)
-    if rbln:
-        kwargs["scheduler_cls"] = h._rbln_scheduler_cls()
-    return create_scheduler(**kwargs)
-
-
-def request(req_id: str, prompt_len: int, max_tokens: int, **kwargs: Any) -> Any:
-    seed = sum(ord(c) * 31**i for i, c in enumerate(req_id)) % 1000
-    return h.make_request(req_id, h.distinct_prompt(seed, prompt_len), max_tokens, **kwargs)
-
-
-def num_blocks_of(scheduler: Scheduler, req_id: str) -> int:
-    return len(scheduler.kv_cache_manager.get_blocks(req_id).blocks[0])
+    return h.make_scheduler(rbln, **kwargs)
 
 
 def test_selectable_by_its_qualified_name() -> None:
