@@ -44,7 +44,7 @@ def tool_env_dir() -> Path:
     """
     xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     digest = hashlib.sha256()
-    for name in LOCKS:
+    for name in ("bootstrap.lock", *LOCKS):  # bootstrap.lock: the uv that installs them
         digest.update(name.encode() + b"\0" + (REQUIREMENTS / name).read_bytes() + b"\0")
     name = f"py{sys.version_info[0]}{sys.version_info[1]}-{digest.hexdigest()[:16]}"
     return Path(xdg) / "vllm-rbln-fork" / "tool-envs" / name
@@ -110,26 +110,37 @@ def _uv_and_pip_from(pip_wheel: Path, python: Path) -> bool:
 def pip_settings(pip_config: str) -> dict[str, str]:
     """pip's settings from ``pip config list``'s output, which has the environment's
     ``PIP_*`` variables (as ``:env:.``) beside the files' ``global.`` and ``install.``
-    settings; the environment wins, then ``install``, then ``global``, as for pip."""
+    settings; the environment wins, then ``install``, then ``global``, as for pip. pip
+    prints each value as a Python literal (``%r``), so a value written over several lines
+    in pip.conf comes as one line with ``\\n`` in it."""
+    import ast
+
     rank = {":env:": 0, "install": 1, "global": 2}
     found: dict[str, tuple[int, str]] = {}
     for line in pip_config.splitlines():
-        key, sep, value = line.partition("=")
+        key, sep, text = line.partition("=")
         scope, _, name = key.rpartition(".")
         if sep and scope in rank and (name not in found or rank[scope] < found[name][0]):
-            found[name] = (rank[scope], value.strip().strip("'\""))
+            try:
+                value = str(ast.literal_eval(text.strip()))
+            except (ValueError, SyntaxError):
+                value = text.strip()
+            found[name] = (rank[scope], value)
     return {name: value for name, (_, value) in found.items()}
 
 
 def uv_options(settings: dict[str, str]) -> list[str]:
-    """uv's options for the indexes pip is configured with (uv does not read pip's
-    configuration). uv's default ``first-index`` strategy takes a package only from the
-    first index that has it; pip takes the best match from all of them, and so is uv told
-    to (the locks' hashes pin every file)."""
-    options = ["--index-strategy", "unsafe-best-match"]
+    """uv's options for the indexes pip is configured with: uv does not read pip's
+    configuration, and is told to read none of its own (``--no-config``), so pip's settings
+    are the only ones, as for pip. uv's default ``first-index`` strategy takes a package only
+    from the first index that has it; pip takes the best match from all of them, and so is
+    uv told to (the locks' hashes pin every file)."""
+    options = ["--no-config", "--index-strategy", "unsafe-best-match"]
     for name in ("index-url", "extra-index-url", "find-links"):
-        for value in settings.get(name, "").split():
+        for value in settings.get(name, "").split():  # any whitespace: spaces or new lines
             options += [f"--{name}", value]
+    if settings.get("no-index", "").lower() in ("1", "true", "yes", "on"):
+        options.append("--no-index")
     return options
 
 

@@ -3,12 +3,22 @@ without python3.X-venv): a sentence naming the package to install, never a trace
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def _bootstrap_module() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bootstrap", ROOT / "build.py")
+    assert spec is not None and spec.loader is not None
+    bootstrap = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bootstrap)
+    return bootstrap
 
 
 def test_a_python_without_ensurepip_gets_the_package_to_install(tmp_path: Path) -> None:
@@ -41,12 +51,7 @@ def test_a_python_without_ensurepip_gets_the_package_to_install(tmp_path: Path) 
 
 
 def test_uv_gets_the_indexes_pip_is_configured_with_the_environment_first() -> None:
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("bootstrap", ROOT / "build.py")
-    assert spec is not None and spec.loader is not None
-    bootstrap = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bootstrap)
+    bootstrap = _bootstrap_module()
     config = "\n".join(
         [
             ":env:.find-links='/opt/wheels'",
@@ -60,9 +65,30 @@ def test_uv_gets_the_indexes_pip_is_configured_with_the_environment_first() -> N
     settings = bootstrap.pip_settings(config)
     assert settings["cert"] == "/etc/ssl/certs/ca.crt"
     assert bootstrap.uv_options(settings) == [
-        *("--index-strategy", "unsafe-best-match"),
+        *("--no-config", "--index-strategy", "unsafe-best-match"),
         *("--index-url", "https://install.example.invalid/simple"),
         *("--extra-index-url", "file:///a/simple", "--extra-index-url", "file:///b/simple"),
         *("--find-links", "/opt/wheels"),
     ]
-    assert bootstrap.uv_options({}) == ["--index-strategy", "unsafe-best-match"]
+    assert bootstrap.uv_options({}) == ["--no-config", "--index-strategy", "unsafe-best-match"]
+
+
+def test_uv_gets_every_index_of_a_pip_conf_written_over_several_lines(tmp_path: Path) -> None:
+    """pip.conf's usual form for several extra indexes, read back through real ``pip config
+    list``, which prints the value as a literal with ``\\n`` in it."""
+    bootstrap = _bootstrap_module()
+    conf = tmp_path / "pip.conf"
+    conf.write_text(
+        "[global]\nextra-index-url =\n    file:///opt/a/simple\n    file:///opt/b/simple\nno-index = true\n"
+    )
+    env = {key: value for key, value in os.environ.items() if not key.startswith("PIP_")}
+    env |= {"PIP_CONFIG_FILE": str(conf)}
+    listed = subprocess.run(
+        [sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True, env=env, check=True
+    ).stdout
+    assert "\\n" in listed  # the form that once reached uv as a single bogus URL
+    options = bootstrap.uv_options(bootstrap.pip_settings(listed))
+    assert options[-5:] == [
+        *("--extra-index-url", "file:///opt/a/simple", "--extra-index-url", "file:///opt/b/simple"),
+        "--no-index",
+    ]
