@@ -128,7 +128,16 @@ class Repo:
         hold (``fast-import``). The command must finish by itself when the pipe is closed
         after the block. If the block raises, git is killed and the error goes on, unless
         git had already stopped by itself with an error: then that error, with git's output,
-        is raised instead (a broken pipe is only its symptom)."""
+        is raised instead (a broken pipe is only its symptom). A pack that git was writing
+        when it stopped is removed with it: an interrupted import must not leave a pack-sized
+        temporary file in the cache."""
+        packs = self.git_dir / "objects" / "pack"
+        before = set(packs.glob("tmp_*"))
+
+        def remove_unfinished_packs() -> None:
+            for path in set(packs.glob("tmp_*")) - before:
+                path.unlink(missing_ok=True)
+
         with tempfile.TemporaryFile() as output:
             process = subprocess.Popen(
                 ["git", *args],
@@ -145,6 +154,7 @@ class Repo:
                 stopped = process.poll()
                 process.kill()
                 process.wait()
+                remove_unfinished_packs()
                 if stopped:
                     output.seek(0)
                     raise FailedProcess(
@@ -153,6 +163,7 @@ class Repo:
                 raise
             status = process.wait()
             if status != 0:
+                remove_unfinished_packs()
                 output.seek(0)
                 raise FailedProcess(["git", *args], status, output.read().decode(errors="replace"))
 

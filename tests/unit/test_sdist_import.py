@@ -101,3 +101,17 @@ def test_materialize_writes_what_the_series_changed_as_a_checkout_would(tmp_path
     head = repo.commit_tree(patched_tree, [upstream.commit], "patch\n", Identity(*IDENTITY, date="@0 +0000"))
     materialize(repo, top, upstream.commit, head)
     assert _files(top) == _files(work)
+
+
+def test_an_interrupted_import_leaves_no_unfinished_pack(tmp_path: Path) -> None:
+    repo = Repo(tmp_path / "repo.git")
+    members: list[tuple[str, bytes | None, int]] = [
+        (f"vllm-1.0/vllm/m{i}.py", os.urandom(50_000), 0o644) for i in range(40)
+    ]
+    whole = _sdist(tmp_path / "whole.tar.gz", members).read_bytes()
+    truncated = tmp_path / "vllm-1.0.tar.gz"
+    truncated.write_bytes(whole[: len(whole) * 3 // 4])
+    with pytest.raises(UnsafeSource, match="truncated or corrupt"), tree_import(repo) as (importer, _):
+        unpack_sdist(truncated, tmp_path / "src", importer.add)
+    assert list((repo.git_dir / "objects" / "pack").glob("tmp_*")) == []
+    assert repo.out("for-each-ref") == ""
