@@ -22,7 +22,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -68,17 +67,25 @@ def run_matrix_in(
 # One subprocess a (tree, progress guarantee) for the whole test run, shared by
 # pytest-xdist's workers: each case runs alone (its own scheduler), so the
 # `--extra` run's outcomes of the plain cases are theirs; several proofs ask
-# for the same tree (a subprocess importing vLLM costs seconds).
-_MEMO = Path(tempfile.gettempdir()) / (
-    f"rbln-livelock-matrix-{os.environ.get('PYTEST_XDIST_TESTRUNUID') or os.getpid()}"
-)
+# for the same tree (a subprocess importing vLLM costs seconds). The memo lives in
+# the run's pytest temp root (shared by its xdist workers, kept for pytest's last
+# three runs and then removed by pytest), never in /tmp for good.
+_memo: list[Path] = []
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _matrix_memo(tmp_path_factory: pytest.TempPathFactory) -> None:
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # popen-gwN's parent
+    _memo[:] = [root / "livelock-matrix"]
 
 
 def _matrix_with_extra(tree: Path, progress_guarantee: bool) -> dict[str, dict[str, Any]]:
-    _MEMO.mkdir(exist_ok=True)
+    memo = _memo[0]
+    memo.mkdir(exist_ok=True)
     key = hashlib.sha256(f"{tree.resolve()}\0{progress_guarantee}".encode()).hexdigest()[:16]
-    result = _MEMO / f"{key}.json"
-    with open(_MEMO / f"{key}.lock", "w") as lock:
+    result = memo / f"{key}.json"
+    with open(memo / f"{key}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another worker running the same tree: wait for it
         if not result.exists():
             result.write_text(json.dumps(_run_matrix(tree, progress_guarantee)))
