@@ -285,8 +285,25 @@ def shadowed_module(path: str, sdist_files: Iterable[str]) -> str | None:
     match = EXTENSION.match(path)
     if match is None:
         return None
-    module = match["module"]
+    module = match["module"].removesuffix("/__init__")  # a package's own extension module
     return next((f for f in (f"{module}.py", f"{module}/__init__.py") if f in sdist_files), None)
+
+
+# Modules Python's site imports at every interpreter start, as a module or a package.
+STARTUP_MODULES = ("sitecustomize", "usercustomize")
+MODULE_SUFFIXES = (*CODE_SUFFIXES, *BYTECODE_SUFFIXES, ".so", ".pyd")
+
+
+def outside_the_packages(path: str, sdist_tops: set[str]) -> bool:
+    """Code a base wheel puts where the sdist has none: a module at the top of site-packages
+    (e.g. ``sitecustomize.abi3.so``, run at every start), a ``sitecustomize`` or
+    ``usercustomize`` package, or an extension module in a package the sdist lacks."""
+    top, _, rest = path.partition("/")
+    if top.split(".")[0] in STARTUP_MODULES:
+        return True
+    if not rest:
+        return path.endswith(MODULE_SUFFIXES)
+    return EXTENSION.match(path) is not None and top not in sdist_tops
 
 
 def tree_blobs(repo: Repo, commit: str, tops: Iterable[str]) -> dict[str, str]:
@@ -317,11 +334,12 @@ def check_base(base: BaseWheel, pin: Pin, repo: Repo, upstream_commit: str, poli
             )
         tops = sorted({n.split("/", 1)[0] for n in zf.namelist() if "/" in n and not n.startswith(dist_info)})
         upstream = tree_blobs(repo, upstream_commit, tops)
+        sdist_tops = {p.split("/", 1)[0] for p in upstream}
         differing, absent, startup, compiled, shadowing = [], [], [], [], []
         for info in zf.infolist():
             path = info.filename
-            if path.endswith(".pth"):
-                startup.append(path)  # run by every interpreter start: never from a base wheel
+            if path.endswith(".pth") or outside_the_packages(path, sdist_tops):
+                startup.append(path)  # may run at interpreter start, unchecked: never from a base
             if path.endswith(BYTECODE_SUFFIXES):
                 compiled.append(path)
             if (module := shadowed_module(path, upstream)) is not None:
@@ -344,7 +362,10 @@ def check_base(base: BaseWheel, pin: Pin, repo: Repo, upstream_commit: str, poli
         lines = [f"  differs from the sdist: {p}" for p in sorted(differing)[:20]]
         lines += [f"  not in the sdist: {p}" for p in sorted(absent)[:20]]
         lines += [f"  in the sdist, not in the base: {p}" for p in sorted(missing)[:20]]
-        lines += [f"  a .pth file (runs at interpreter start): {p}" for p in sorted(startup)[:20]]
+        lines += [
+            f"  a .pth file or code outside vLLM's packages (may run at interpreter start): {p}"
+            for p in sorted(startup)[:20]
+        ]
         lines += [f"  compiled bytecode (runs unchecked): {p}" for p in sorted(compiled)[:20]]
         lines += [f"  an extension module named like the sdist's Python: {p}" for p in sorted(shadowing)[:20]]
         total = len(differing) + len(absent) + len(missing) + len(startup) + len(compiled) + len(shadowing)
@@ -352,7 +373,7 @@ def check_base(base: BaseWheel, pin: Pin, repo: Repo, upstream_commit: str, poli
         raise BaseWheelError(
             f"{base.filename}'s Python is not vLLM {pin}'s: {len(differing)} file(s) differ from the "
             f"sdist, {len(absent)} are not in it, {len(missing)} of its are not in the base"
-            + (f", {len(startup)} .pth file(s)" if startup else "")
+            + (f", {len(startup)} .pth file(s) or module(s) outside its packages" if startup else "")
             + (f", {len(compiled)} .pyc file(s)" if compiled else "")
             + (f", {len(shadowing)} extension module(s) shadowing its modules" if shadowing else "")
             + (f" ({more} more not shown)" if more > 0 else "")

@@ -173,7 +173,7 @@ def test_a_base_missing_a_module_or_carrying_a_pth_file_is_refused(base_fork, tm
     text = str(err.value)
     assert "in the sdist, not in the base: vllm/core/gate.py" in text
     assert "not in the sdist: vllm/core/gate.pyi" in text
-    assert "a .pth file (runs at interpreter start): evil.pth" in text
+    assert "a .pth file or code outside vLLM's packages (may run at interpreter start): evil.pth" in text
     assert not (base_fork.project.dist_dir).exists() or not list(base_fork.project.dist_dir.iterdir())
 
 
@@ -200,6 +200,36 @@ def test_a_base_shadowing_the_sdist_with_bytecode_or_an_extension_module_is_refu
     assert f"{extension}vllm/core/gate.abi3.so (the name of the sdist's vllm/core/gate.py)" in text
     package = "vllm/core.cpython-311-x86_64-linux-gnu.so (the name of the sdist's vllm/core/__init__.py)"
     assert f"{extension}{package}" in text
+    assert "_C.abi3.so" not in text
+    assert not (base_fork.project.dist_dir).exists() or not list(base_fork.project.dist_dir.iterdir())
+
+
+def test_a_base_with_code_outside_the_sdists_packages_is_refused(base_fork, tmp_path) -> None:
+    # sitecustomize (a module or a package, any suffix) runs at every interpreter start; a
+    # package's own extension module (gate/__init__.abi3.so) is imported instead of gate.py.
+    base = make_base(
+        tmp_path / "bases",
+        files={
+            "sitecustomize.abi3.so": "ELF",
+            "usercustomize/__init__.py": "print('hi')\n",
+            "helper.cpython-311-x86_64-linux-gnu.so": "ELF",
+            "newpkg/fast.abi3.so": "ELF",
+            "vllm/core/gate/__init__.abi3.so": "ELF",
+        },
+    )
+    with pytest.raises(BaseWheelError) as err:
+        build(Pin.parse("1.0"), base_fork.spec(), base_fork.project, base_wheel=_spec(base))
+    text = str(err.value)
+    outside = "a .pth file or code outside vLLM's packages (may run at interpreter start): "
+    for path in (
+        "sitecustomize.abi3.so",
+        "usercustomize/__init__.py",
+        "helper.cpython-311-x86_64-linux-gnu.so",
+        "newpkg/fast.abi3.so",
+    ):
+        assert f"{outside}{path}" in text
+    gate = "vllm/core/gate/__init__.abi3.so (the name of the sdist's vllm/core/gate.py)"
+    assert f"an extension module named like the sdist's Python: {gate}" in text
     assert "_C.abi3.so" not in text
     assert not (base_fork.project.dist_dir).exists() or not list(base_fork.project.dist_dir.iterdir())
 
