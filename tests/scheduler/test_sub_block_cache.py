@@ -344,6 +344,13 @@ def offloading_connector(children: int = 0) -> Any:
     )
 
 
+def _assert_names_the_ways_out(message: str, what: str, sub_block_size: int) -> None:
+    """A sub-block refusal names what it refuses, the setting, and the ways out."""
+    assert what in message
+    assert f"sub_block_size={sub_block_size}" in message
+    assert "turn sub-block caching off" in message and "sub_block_size=16" in message
+
+
 def make_with_transfer_config(settings: dict[str, Any] | None, kv_transfer_config: Any) -> Any:
     from tests.v1.core.utils import create_scheduler
 
@@ -398,10 +405,7 @@ def test_hash_keyed_connector_with_sub_blocks_is_refused(children: int, sub_bloc
 
     with pytest.raises(SubBlockCacheConfigError) as error:
         make_with_transfer_config(h.sub_block_settings(sub_block_size), offloading_connector(children))
-    message = str(error.value)
-    assert "OffloadingConnector" in message
-    assert f"sub_block_size={sub_block_size}" in message
-    assert "turn sub-block caching off" in message and "sub_block_size=16" in message
+    _assert_names_the_ways_out(str(error.value), "OffloadingConnector", sub_block_size)
 
 
 @pytest.mark.parametrize(
@@ -467,10 +471,7 @@ def test_routed_experts_with_sub_blocks_is_refused(sub_block_size: int) -> None:
 
     with pytest.raises(SubBlockCacheConfigError) as error:
         with_routed_experts(h.sub_block_settings(sub_block_size))
-    message = str(error.value)
-    assert "enable_return_routed_experts" in message
-    assert f"sub_block_size={sub_block_size}" in message
-    assert "turn sub-block caching off" in message and "sub_block_size=16" in message
+    _assert_names_the_ways_out(str(error.value), "enable_return_routed_experts", sub_block_size)
 
 
 @pytest.mark.parametrize(

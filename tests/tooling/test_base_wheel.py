@@ -78,6 +78,15 @@ def _spec(path: Path) -> BaseWheelSpec:
     return BaseWheelSpec.parse(str(path))
 
 
+def _refusal(base_fork, base: Path) -> str:
+    """The refusal of a build over ``base``, which leaves dist/ empty."""
+    with pytest.raises(BaseWheelError) as err:
+        build(Pin.parse("1.0"), base_fork.spec(), base_fork.project, base_wheel=_spec(base))
+    dist = base_fork.project.dist_dir
+    assert not dist.exists() or not list(dist.iterdir())
+    return str(err.value)
+
+
 def test_overlay_keeps_the_base_binaries_and_ships_the_patched_python(base_fork, tmp_path) -> None:
     base = make_base(tmp_path / "bases")
     result = build(Pin.parse("1.0"), base_fork.spec(), base_fork.project, base_wheel=_spec(base))
@@ -152,13 +161,10 @@ def test_a_base_whose_python_differs_is_refused_and_names_the_files(base_fork, t
     base = make_base(
         tmp_path / "bases", files={"vllm/core/gate.py": changed_gate, "vllm/core/extra.py": "X = 1\n"}
     )
-    with pytest.raises(BaseWheelError) as err:
-        build(Pin.parse("1.0"), base_fork.spec(), base_fork.project, base_wheel=_spec(base))
-    text = str(err.value)
+    text = _refusal(base_fork, base)
     assert "differs from the sdist: vllm/core/gate.py" in text
     assert "not in the sdist: vllm/core/extra.py" in text
     assert "base-wheel.toml" in text
-    assert not (base_fork.project.dist_dir).exists() or not list(base_fork.project.dist_dir.iterdir())
 
 
 def test_a_base_missing_a_module_or_carrying_a_pth_file_is_refused(base_fork, tmp_path) -> None:
@@ -168,13 +174,10 @@ def test_a_base_missing_a_module_or_carrying_a_pth_file_is_refused(base_fork, tm
         tmp_path / "bases",
         files={"vllm/core/gate.py": None, "vllm/core/gate.pyi": "reserve: int\n", "evil.pth": "import os\n"},
     )
-    with pytest.raises(BaseWheelError) as err:
-        build(Pin.parse("1.0"), base_fork.spec(), base_fork.project, base_wheel=_spec(base))
-    text = str(err.value)
+    text = _refusal(base_fork, base)
     assert "in the sdist, not in the base: vllm/core/gate.py" in text
     assert "not in the sdist: vllm/core/gate.pyi" in text
     assert "a .pth file or code outside vLLM's packages (may run at interpreter start): evil.pth" in text
-    assert not (base_fork.project.dist_dir).exists() or not list(base_fork.project.dist_dir.iterdir())
 
 
 def test_a_base_shadowing_the_sdist_with_bytecode_or_an_extension_module_is_refused(
@@ -191,9 +194,7 @@ def test_a_base_shadowing_the_sdist_with_bytecode_or_an_extension_module_is_refu
             "vllm/core/__pycache__/gate.cpython-311.pyc": "bytecode",
         },
     )
-    with pytest.raises(BaseWheelError) as err:
-        build(Pin.parse("1.0"), base_fork.spec(), base_fork.project, base_wheel=_spec(base))
-    text = str(err.value)
+    text = _refusal(base_fork, base)
     assert "1 .pyc file(s), 2 extension module(s) shadowing its modules" in text
     assert "compiled bytecode (runs unchecked): vllm/core/__pycache__/gate.cpython-311.pyc" in text
     extension = "an extension module named like the sdist's Python: "
@@ -201,7 +202,6 @@ def test_a_base_shadowing_the_sdist_with_bytecode_or_an_extension_module_is_refu
     package = "vllm/core.cpython-311-x86_64-linux-gnu.so (the name of the sdist's vllm/core/__init__.py)"
     assert f"{extension}{package}" in text
     assert "_C.abi3.so" not in text
-    assert not (base_fork.project.dist_dir).exists() or not list(base_fork.project.dist_dir.iterdir())
 
 
 def test_a_base_with_code_outside_the_sdists_packages_is_refused(base_fork, tmp_path) -> None:
@@ -217,9 +217,7 @@ def test_a_base_with_code_outside_the_sdists_packages_is_refused(base_fork, tmp_
             "vllm/core/gate/__init__.abi3.so": "ELF",
         },
     )
-    with pytest.raises(BaseWheelError) as err:
-        build(Pin.parse("1.0"), base_fork.spec(), base_fork.project, base_wheel=_spec(base))
-    text = str(err.value)
+    text = _refusal(base_fork, base)
     outside = "a .pth file or code outside vLLM's packages (may run at interpreter start): "
     for path in (
         "sitecustomize.abi3.so",
@@ -231,7 +229,6 @@ def test_a_base_with_code_outside_the_sdists_packages_is_refused(base_fork, tmp_
     gate = "vllm/core/gate/__init__.abi3.so (the name of the sdist's vllm/core/gate.py)"
     assert f"an extension module named like the sdist's Python: {gate}" in text
     assert "_C.abi3.so" not in text
-    assert not (base_fork.project.dist_dir).exists() or not list(base_fork.project.dist_dir.iterdir())
 
 
 def test_an_allowed_difference_passes_and_the_wheel_ships_the_sdist_side(base_fork, tmp_path) -> None:
