@@ -136,12 +136,11 @@ def uv_options(settings: dict[str, str]) -> list[str]:
     from the first index that has it; pip takes the best match from all of them, and so is
     uv told to (the locks' hashes pin every file)."""
     options = ["--no-config", "--index-strategy", "unsafe-best-match"]
-    for name in ("index-url", "extra-index-url", "find-links"):
+    no_index = settings.get("no-index", "").lower() in ("1", "true", "yes", "on")
+    for name in ("find-links",) if no_index else ("index-url", "extra-index-url", "find-links"):
         for value in settings.get(name, "").split():  # any whitespace: spaces or new lines
             options += [f"--{name}", value]
-    if settings.get("no-index", "").lower() in ("1", "true", "yes", "on"):
-        options.append("--no-index")
-    return options
+    return [*options, "--no-index"] if no_index else options
 
 
 def install(python: Path, lock: Path) -> None:

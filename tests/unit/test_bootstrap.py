@@ -78,17 +78,20 @@ def test_uv_gets_every_index_of_a_pip_conf_written_over_several_lines(tmp_path: 
     list``, which prints the value as a literal with ``\\n`` in it."""
     bootstrap = _bootstrap_module()
     conf = tmp_path / "pip.conf"
-    conf.write_text(
-        "[global]\nextra-index-url =\n    file:///opt/a/simple\n    file:///opt/b/simple\nno-index = true\n"
-    )
+    conf.write_text("[global]\nextra-index-url =\n    file:///opt/a/simple\n    file:///opt/b/simple\n")
     env = {key: value for key, value in os.environ.items() if not key.startswith("PIP_")}
-    env |= {"PIP_CONFIG_FILE": str(conf)}
+    env |= {"PIP_CONFIG_FILE": str(conf), "HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path)}
     listed = subprocess.run(
         [sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True, env=env, check=True
     ).stdout
     assert "\\n" in listed  # the form that once reached uv as a single bogus URL
     options = bootstrap.uv_options(bootstrap.pip_settings(listed))
-    assert options[-5:] == [
-        *("--extra-index-url", "file:///opt/a/simple", "--extra-index-url", "file:///opt/b/simple"),
-        "--no-index",
+    extra = [options[i + 1] for i, option in enumerate(options) if option == "--extra-index-url"]
+    assert extra[-2:] == ["file:///opt/a/simple", "file:///opt/b/simple"]
+
+
+def test_pips_no_index_leaves_uv_only_the_local_wheels() -> None:
+    settings = {"no-index": "true", "index-url": "https://i.example.invalid/simple", "find-links": "/w"}
+    assert _bootstrap_module().uv_options(settings) == [
+        *("--no-config", "--index-strategy", "unsafe-best-match", "--find-links", "/w", "--no-index")
     ]
