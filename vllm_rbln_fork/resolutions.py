@@ -13,8 +13,10 @@ cache repo is a cache, so the records live in the project (``rerere/<id>/preimag
 * a carry notes, in its work tree's own git directory, the id of every record it made or
   reused (``run_tracked``);
 * ``save`` copies back, on export, the records that carry noted and no others (the cache
-  repo's rr-cache is shared by every carry made in it);
-* ``forget`` removes records from the project and the cache repo.
+  repo's rr-cache is shared by every carry made in it), and notes them as the project's, as
+  ``load`` does: forgotten in the project later (by anyone), they are dropped here too;
+* ``forget`` removes records from the project and the cache repo, including a record the
+  cache has and the project does not (a carry's, never exported).
 """
 
 from __future__ import annotations
@@ -73,9 +75,7 @@ def load(records: Path, repo: Repo) -> int:
     """Make ``repo``'s rr-cache hold the project's records; return how many were copied."""
     cache = _rr_cache(repo)
     manifest = cache.parent / LOADED
-    before: dict[str, str] = {}
-    if manifest.is_file():
-        before = dict(line.split() for line in manifest.read_text().splitlines() if line.strip())
+    before = _loaded(manifest)
     project = _records(records)
     in_cache = _records(cache)
     for record_id, digest in before.items():
@@ -99,8 +99,19 @@ def load(records: Path, repo: Repo) -> int:
         copied += 1
     if project or manifest.is_file():
         cache.mkdir(parents=True, exist_ok=True)
-        write_atomic(manifest, "".join(f"{i} {_digest(r)}\n" for i, r in project.items()))
+        _write_loaded(manifest, {i: _digest(r) for i, r in project.items()})
     return copied
+
+
+def _loaded(manifest: Path) -> dict[str, str]:
+    """The records a cache holds as the project's (``LOADED``): id -> sha256 of the postimage."""
+    if not manifest.is_file():
+        return {}
+    return dict(line.split() for line in manifest.read_text().splitlines() if line.strip())
+
+
+def _write_loaded(manifest: Path, loaded: dict[str, str]) -> None:
+    write_atomic(manifest, "".join(f"{i} {d}\n" for i, d in sorted(loaded.items())))
 
 
 def run_tracked(repo: Repo, tree: Path, *args: str, env: dict[str, str]) -> tuple[int, str]:
@@ -142,10 +153,13 @@ def save(repo: Repo, records: Path) -> list[str]:
     return the new or changed ones, as ``rerere/<id>``. Records of other carries in the same
     cache repo, and resolutions of an ordinary rebase, are left where they are."""
     ids = tracked(repo, repo.path)
+    cache = _rr_cache(repo)
     changed = []
-    for record_id, record in _records(_rr_cache(repo)).items():
+    saved: dict[str, str] = {}
+    for record_id, record in _records(cache).items():
         if record_id not in ids:
             continue
+        saved[record_id] = _digest(record)
         dest = records / record_id
         wrote = False
         for f in RECORD_FILES:
@@ -156,29 +170,45 @@ def save(repo: Repo, records: Path) -> list[str]:
                 wrote = True
         if wrote:
             changed.append(f"{records.name}/{record_id}")
+    if saved:
+        # Now the project's: noted as if loaded, so that when the project forgets one (a
+        # colleague's 'forget', pulled), this cache's next load drops its copy.
+        manifest = cache.parent / LOADED
+        _write_loaded(manifest, {**_loaded(manifest), **saved})
     return changed
 
 
 def forget(records: Path, prefixes: list[str], repo: Repo | None = None) -> list[str]:
-    """Remove the project's records whose ids start with ``prefixes`` (each must name one),
-    and ``repo``'s copies; return them as ``rerere/<id>``. Every other cache drops its copy
-    at its next ``load``."""
+    """Remove the records whose ids start with ``prefixes`` (each must name one) from the
+    project and from ``repo``'s rr-cache, where a carry's record that was never exported is
+    found too; return them as ``rerere/<id>`` (or the cache's path, for one only there).
+    Every other cache drops its copy at its next ``load``."""
     project = _records(records)
+    cache = _rr_cache(repo) if repo is not None else None
+    in_cache = _records(cache) if cache is not None else {}
+    known = sorted({*project, *in_cache})
     chosen: list[str] = []
     for prefix in prefixes:
-        matches = [i for i in project if i.startswith(prefix.lower())] if len(prefix) >= 4 else []
+        matches = [i for i in known if i.startswith(prefix.lower())] if len(prefix) >= 4 else []
         if len(matches) != 1:
             found = "none" if not matches else ", ".join(m[:12] for m in matches)
+            where = f"{records.name}/" + (f" or {cache}" if cache is not None else "")
             raise ForkError(
                 f"{records.name}/{prefix}: give at least 4 leading hex digits of one recorded "
-                f"resolution (matches: {found}; 'ls {records.name}' lists them). Nothing was removed."
+                f"resolution in {where} (matches: {found}; 'ls {records.name}' lists the project's). "
+                f"Nothing was removed."
             )
         chosen.append(matches[0])
+    removed = []
     for record_id in chosen:
-        shutil.rmtree(project[record_id])
-        if repo is not None:
-            shutil.rmtree(_rr_cache(repo) / record_id, ignore_errors=True)
-    return [f"{records.name}/{i}" for i in chosen]
+        if record_id in project:
+            shutil.rmtree(project[record_id])
+            removed.append(f"{records.name}/{record_id}")
+        if cache is not None:
+            if record_id not in project:
+                removed.append(str(cache / record_id))
+            shutil.rmtree(cache / record_id, ignore_errors=True)
+    return removed
 
 
 @dataclass(frozen=True)

@@ -117,3 +117,40 @@ def test_a_forgotten_record_is_not_replayed_here_or_on_another_machine(
     assert upstream_repo_dir() == here
     again = _carry_to_2_3(fork)
     assert not again.carried_all and again.reused == ()
+
+
+def test_a_record_exported_here_and_forgotten_elsewhere_is_not_replayed_here(
+    fork: Any, publish_release: Callable[[str], None]
+) -> None:
+    """The author's own carry made the record (this cache never loaded it from the project);
+    a colleague forgets it and the author pulls that commit: the author's cache drops it too."""
+    publish_release("2.3")
+    record_id, _ = _record_the_move_to_1_3(fork)
+    assert (_rr_cache() / record_id / "postimage").is_file()
+    shutil.rmtree(fork.project.rerere_dir / record_id)  # what pulling the colleague's forget does
+
+    stopped = _carry_to_2_3(fork)
+    assert stopped.conflict_tree is not None and not stopped.carried_all and stopped.reused == ()
+    assert "<<<<<<<" in (stopped.conflict_tree / "vllm/core/gate.py").read_text()
+    assert not (_rr_cache() / record_id / "postimage").exists()  # met again: a preimage only
+
+
+def test_a_record_only_in_this_cache_can_be_forgotten(
+    fork: Any, publish_release: Callable[[str], None]
+) -> None:
+    """A carry's record not exported (so not in rerere/): forget finds it in the cache."""
+    publish_release("2.3")
+    move_by_hand(fork, "1.3")  # resolved and carried, never exported
+    shutil.rmtree(fork.project.work_dir)
+    (record_id,) = [p.name for p in _rr_cache().iterdir() if (p / "postimage").is_file()]
+    assert not fork.project.rerere_dir.exists() or not any(fork.project.rerere_dir.iterdir())
+
+    removed = resolutions.forget(fork.project.rerere_dir, [record_id[:8]], Repo(upstream_repo_dir()))
+    assert removed == [str(_rr_cache() / record_id)]
+    assert not (_rr_cache() / record_id).exists()
+    stopped = _carry_to_2_3(fork)
+    assert not stopped.carried_all and stopped.reused == ()
+
+    # A prefix found nowhere still names where it looked, and removes nothing.
+    with pytest.raises(ForkError, match=r"rr-cache.*Nothing was removed"):
+        resolutions.forget(fork.project.rerere_dir, ["abcdef12"], Repo(upstream_repo_dir()))
