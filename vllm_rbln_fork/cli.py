@@ -321,6 +321,15 @@ def _export(args: argparse.Namespace) -> int:
         console.print(f"    wrote {name}")
     for name, pins in result.kept_own.items():
         others = ", ".join(map(str, pins))
+        if name in result.not_promoted:
+            at_each = "; ".join(f"python build.py checkout --pin {p}" for p in pins)
+            console.print(
+                f"[bold red]not promoted[/bold red] {name}: {result.not_promoted[name]}. It is "
+                f"written as this pin's own form (patches/<pin>/{name}); {others} still build the "
+                f"shared patches/{name}. To make the change there too, make it at each ({at_each}), "
+                "then export without --promote."
+            )
+            continue
         console.print(
             f"[yellow]note[/yellow] {name} changed at this pin only: {others} still build the shared "
             f"patches/{name}. To make the change for every pin, export again with --promote, then "
@@ -332,7 +341,7 @@ def _export(args: argparse.Namespace) -> int:
         )
         for pin in pins:
             console.print(f"    test it: python build.py test --pin {pin}")
-    return 0
+    return 1 if args.promote and result.not_promoted else 0
 
 
 def _forget(args: argparse.Namespace) -> int:

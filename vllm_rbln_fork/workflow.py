@@ -99,6 +99,10 @@ class Exported:
     # Promoted (``promote=True``): the shared file changed for every pin that names it;
     # those pins must be tested again. {name: those pins, this one excluded}.
     promoted: dict[str, list[Pin]] = field(default_factory=dict)
+    # With ``promote=True``: the changed patches it could not promote, and why ({name: reason};
+    # also in ``kept_own``), written as this pin's own form now or before: asking to promote
+    # is never silently a no-op.
+    not_promoted: dict[str, str] = field(default_factory=dict)
 
 
 def export(tree: Path, project: Project, *, promote: bool = False) -> Exported:
@@ -154,7 +158,10 @@ def export(tree: Path, project: Project, *, promote: bool = False) -> Exported:
     else:
         result = Exported(_write_single_series(pin, rendered, project))
     return Exported(
-        result.changed + resolutions.save(repo, project.rerere_dir), result.kept_own, result.promoted
+        result.changed + resolutions.save(repo, project.rerere_dir),
+        result.kept_own,
+        result.promoted,
+        result.not_promoted,
     )
 
 
@@ -211,6 +218,8 @@ def _write_pin_series(
       (the RBLN scheduler's own files) and starts from the same file contents as the shared
       one: the shared file is rewritten, so a fix is made once for every pin, and the pins
       that name it are returned to be tested again. Only from a supported pin (pins.toml).
+      A patch that cannot be promoted stays this pin's own form and is returned with the
+      reason (``not_promoted``): nothing is lost, and nothing is silent.
     """
     supported = [s.pin for s in supported_pins(project)]
     if promote and pin not in supported:
@@ -233,14 +242,15 @@ def _write_pin_series(
     writes: dict[Path, str] = {}
     kept_own: dict[str, list[Pin]] = {}
     promoted: dict[str, list[Pin]] = {}
+    not_promotable: dict[str, str] = {}
     for name, text in rendered.items():
         shared = project.patches_dir / name
         old = shared.read_text() if shared.is_file() else None
-        paths = [m[0] for m in TOUCHED.findall(text)] + [m[1] for m in TOUCHED.findall(text)]
-        fork_only = not any(
-            repo.run("cat-file", "-e", f"{root}:{p}", ok_codes=(0, 1, 128))[0] == 0 for p in paths
-        )
-        promotable = old is not None and fork_only and _preimages(old) == _preimages(text)
+        paths = sorted({p for m in TOUCHED.findall(text) for p in m})
+        upstream_files = [
+            p for p in paths if repo.run("cat-file", "-e", f"{root}:{p}", ok_codes=(0, 1, 128))[0] == 0
+        ]
+        promotable = old is not None and not upstream_files and _preimages(old) == _preimages(text)
         if old == text:
             entries.append(name)
         elif old is None or name not in naming:
@@ -253,8 +263,13 @@ def _write_pin_series(
         else:
             entries.append(f"{pin}/{name}")
             writes[project.patches_dir / str(pin) / name] = text
-            if promotable:
-                kept_own[name] = naming[name]
+            kept_own[name] = naming[name]
+            if not promotable:
+                not_promotable[name] = (
+                    f"it changes files upstream has ({', '.join(upstream_files)}): its form differs per pin"
+                    if upstream_files
+                    else f"it starts from other file contents than the shared patches/{name}"
+                )
     changed = []
     for path, text in writes.items():
         if not path.is_file() or path.read_text() != text:
@@ -272,4 +287,12 @@ def _write_pin_series(
         if path.parent != project.patches_dir and not any(path.parent.iterdir()):
             path.parent.rmdir()
     own_written = {Path(c).name for c in changed if c.startswith(f"patches/{pin}/")}
-    return Exported(changed, {n: p for n, p in kept_own.items() if n in own_written}, promoted)
+    # A change --promote could make: said once, when the own form is written. One it cannot
+    # make: said whenever --promote is asked for (without it, an own form on upstream files is
+    # the normal case, e.g. after a move).
+    said = {
+        n: p
+        for n, p in kept_own.items()
+        if (n in not_promotable and promote) or (n not in not_promotable and n in own_written)
+    }
+    return Exported(changed, said, promoted, {n: r for n, r in not_promotable.items() if n in said})

@@ -247,3 +247,57 @@ def test_a_move_is_marked_in_pins_toml_before_export_writes_its_series(fork: Any
     assert (
         moving.status == "moving" and moving.test_lock == fork.project.root / "test.lock"
     )  # the newest supported's
+
+
+PADDING_PATCH = "add-rbln-padding.patch"
+
+
+def _fix_padding_at_1_0(fork: Any, dest: Path) -> Path:
+    """1.0 and 1.1 supported, both naming the shared patches (on upstream's gate.py); a fix to
+    the padding patch checked out and committed at 1.0."""
+    from vllm_rbln_fork.workflow import checkout
+
+    _per_pin_project(fork)
+    root = fork.project.root
+    (root / "series" / "1.1").write_text((root / "series" / "1.0").read_text().replace("1.0", "1.1"))
+    (root / "pins.toml").write_text(
+        '[pin."1.0"]\ntest-lock = "test.lock"\n[pin."1.1"]\ntest-lock = "test.lock"\n'
+    )
+    fix = checkout(Pin.parse("1.0"), fork.spec(), fork.project, dest)
+    gate = fix / "vllm/core/gate.py"
+    gate.write_text(gate.read_text() + "\n# padded\n")
+    Repo(fix, bare=False).run(
+        "commit", "-q", "-a", "--amend", "--no-edit", env=DEV, cwd=fix, in_work_tree=True
+    )
+    return fix
+
+
+def test_promote_of_a_patch_on_upstream_files_is_not_silent_and_loses_nothing(
+    fork: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--promote cannot promote a patch on a file upstream has (its form differs per pin):
+    the change is kept as this pin's own form, and export says so, why, and what to do."""
+    from vllm_rbln_fork import cli
+    from vllm_rbln_fork.project import Project
+
+    fix = _fix_padding_at_1_0(fork, tmp_path / "fix")
+    shared = fork.project.patches_dir / PADDING_PATCH
+    before = shared.read_text()
+    monkeypatch.setattr(Project, "default", classmethod(lambda cls: fork.project))
+    assert cli.main(["export", "--dir", str(fix), "--promote"]) == 1
+    captured = capsys.readouterr()
+    out = " ".join((captured.out + captured.err).split())
+    assert f"not promoted {PADDING_PATCH}" in out and "vllm/core/gate.py" in out
+    assert "python build.py checkout --pin 1.1" in out
+    assert shared.read_text() == before  # 1.1 still builds the shared file
+    own = fork.project.patches_dir / "1.0" / PADDING_PATCH
+    assert "# padded" in own.read_text()  # the change is kept, as 1.0's own form
+    assert f"1.0/{PADDING_PATCH}" in (fork.project.root / "series" / "1.0").read_text()
+
+    # Asked again (the own form already written): still said, not silently a no-op.
+    result = export(fix, fork.project, promote=True)
+    assert result.changed == [] and result.promoted == {}
+    assert list(result.not_promoted) == [PADDING_PATCH]
+    assert "vllm/core/gate.py" in result.not_promoted[PADDING_PATCH]
+    # Without --promote, the own form already written and unchanged: nothing new to say.
+    assert export(fix, fork.project).kept_own == {}
