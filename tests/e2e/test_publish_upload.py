@@ -12,7 +12,7 @@ from types import ModuleType
 import pytest
 
 from vllm_rbln_fork import log
-from vllm_rbln_fork.errors import FailedProcess, IndexConflict
+from vllm_rbln_fork.errors import FailedProcess, IndexConflict, IndexUnreachable
 from vllm_rbln_fork.publish import publish
 from vllm_rbln_fork.publish import upload as publish_module
 
@@ -95,19 +95,30 @@ def test_the_binary_wheel_of_a_published_pure_version_is_not_uploaded(
     assert not (server.packages / binary.name).exists()
 
 
-def test_a_refusal_by_the_server_is_a_conflict_too(
-    kit: ModuleType, server, tmp_path: Path, recorder: log.RecordingReporter
-) -> None:
-    """When the pages cannot be read first, the server's own 409 still stops an overwrite."""
+def test_an_index_that_cannot_be_read_stops_the_upload(kit: ModuleType, server, tmp_path: Path) -> None:
+    """No blind upload: the pure/binary check needs the pages."""
+    wheel = kit.make_wheel(tmp_path / "dist", "0.31.0+rbln.7")
+    unreadable = f"http://127.0.0.1:{kit.free_port()}/simple/"
+
+    with pytest.raises(IndexUnreachable, match="--check-index"):
+        publish(wheel, server.url, index_url=unreadable)
+
+    assert not (server.packages / wheel.name).exists()
+
+
+def test_a_refusal_by_the_server_is_a_conflict_too(kit: ModuleType, server, tmp_path: Path) -> None:
+    """When the pages read do not list the file (another upload came in between, or they
+    lag), the server's own 409 still stops an overwrite."""
     wheel = kit.make_wheel(tmp_path / "dist", "0.31.0+rbln.3")
     publish(wheel, server.url)
     impostor = kit.make_wheel(tmp_path / "impostor", "0.31.0+rbln.3", body="# other patches")
-    unreadable = f"http://127.0.0.1:{kit.free_port()}/simple/"
+    lagging = tmp_path / "lagging"  # pages from before rbln.3 was uploaded
+    publish(kit.make_wheel(tmp_path / "older", "0.31.0+rbln.0"), str(lagging))
 
-    with pytest.raises(IndexConflict, match="already there"):
-        publish(impostor, server.url, index_url=unreadable)
+    with kit.static_server(lagging, tmp_path / "http.log") as pages:
+        with pytest.raises(IndexConflict, match="already there"):
+            publish(impostor, server.url, index_url=f"{pages.url}/simple/")
 
-    assert any("cannot check" in m for m in recorder.messages("warn"))
     assert (server.packages / wheel.name).read_bytes() == wheel.read_bytes()
 
 
@@ -124,8 +135,10 @@ def test_credentials_never_reach_a_command_line_or_a_log(
     monkeypatch.setattr(publish_module.proc, "run", recording_run)
     publish(kit.make_wheel(tmp_path / "ok", "0.31.0+rbln.4"), server.url)
     nowhere = f"http://127.0.0.1:{kit.free_port()}/"
-    with pytest.raises(FailedProcess) as failed:
-        publish(kit.make_wheel(tmp_path / "fails", "0.31.0+rbln.5"), nowhere)
+    with pytest.raises(FailedProcess) as failed:  # the pages read, the upload fails in twine
+        publish(
+            kit.make_wheel(tmp_path / "fails", "0.31.0+rbln.5"), nowhere, index_url=f"{server.url}simple/"
+        )
 
     assert len(command_lines) == 2
     assert not [c for c in command_lines if any(SECRET in part for part in c)]

@@ -329,3 +329,52 @@ def test_check_index_goes_with_an_upload_url(tmp_path) -> None:
 
     with pytest.raises(SystemExit):
         cli.main(["--pin", "1.0", "--publish", str(tmp_path), "--check-index", "http://127.0.0.1:9/"])
+
+
+@pytest.mark.parametrize("pages", ["nothing listens", "404 everywhere"])
+def test_an_upload_whose_index_cannot_be_read_is_refused_not_made_blind(
+    wheel: Path, pages: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before an upload the index is read for this file and for the other kind (pure or
+    binary) of wheel of its version. When it cannot be read, nothing is uploaded: the error
+    names the page and --check-index. A wrong page root (a 404 for the index itself, not only
+    for the project) is not read as "a new project"."""
+    import http.server
+    import threading
+
+    from vllm_rbln_fork.errors import IndexUnreachable
+
+    seen: list[tuple[str, str]] = []
+
+    class Server(http.server.BaseHTTPRequestHandler):
+        def _answer(self, status: int) -> None:
+            seen.append((self.command, self.path))
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(status)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def do_GET(self) -> None:
+            self._answer(404)
+
+        def do_POST(self) -> None:
+            self._answer(200)  # an upload server that would take the file
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    monkeypatch.setenv("TWINE_USERNAME", "release-bot")
+    monkeypatch.setenv("TWINE_PASSWORD", "pw")
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Server)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        upload = f"http://127.0.0.1:{server.server_address[1]}/"
+        check = f"http://127.0.0.1:{kit.free_port()}/simple/" if pages == "nothing listens" else None
+        with pytest.raises(IndexUnreachable) as err:
+            publish(wheel, upload, index_url=check)
+    finally:
+        server.shutdown()
+    assert [m for m, _ in seen if m == "POST"] == []  # nothing was uploaded
+    message = " ".join(str(err.value).split())
+    assert (check or f"{upload}simple/") in message and "--check-index" in message
+    assert "Nothing was uploaded" in message

@@ -30,13 +30,17 @@ def _auth_from_env() -> tuple[str, str] | None:
 def _remote_files(index_url: str, facts: WheelFacts) -> dict[str, tuple[str | None, str]]:
     """``{filename: (sha256 or None, url)}`` of the project's files on the server.
 
-    Raises :class:`IndexUnreachable` when the server's pages cannot be read.
+    Raises :class:`IndexUnreachable` when the server's pages cannot be read. A 404 for the
+    project is a project not uploaded yet only if the index's own page answers: a wrong page
+    root 404s too.
     """
     try:
         with PyPISimple(endpoint=index_url, auth=_auth_from_env()) as client:
-            page = client.get_project_page(facts.name, timeout=60)
-    except NoSuchProjectError:
-        return {}
+            try:
+                page = client.get_project_page(facts.name, timeout=60)
+            except NoSuchProjectError:
+                client.get_index_page(timeout=60)
+                return {}
     except requests.RequestException as exc:
         raise IndexUnreachable(f"cannot read {redact(index_url)}: {exc}") from None
     return {pkg.filename: (pkg.digests.get("sha256"), pkg.url) for pkg in page.packages}
@@ -68,11 +72,14 @@ def publish_upload(wheel: Path, facts: WheelFacts, dest: str, index_url: str | N
         try:
             files = _remote_files(simple, facts)
         except IndexUnreachable as exc:
-            log.warn(
-                f"{exc}; cannot check for an existing {facts.filename} (or the other kind of wheel of "
-                f"this version); the server will have to refuse an overwrite"
-            )
-            files = {}
+            raise IndexUnreachable(
+                f"{exc}. An upload first reads the index for an existing {facts.filename} and for "
+                f"the other kind (pure or binary) of wheel of {facts.name} {facts.version}; it is "
+                f"never made blind. Nothing was uploaded. Check the network and the credentials "
+                f"(TWINE_USERNAME and TWINE_PASSWORD, or keyring), or, if the server lists its "
+                f"files elsewhere than {redact(default_index_url(dest))}, name that page root with "
+                f"--check-index URL."
+            ) from None
         existing = files.get(facts.filename)
         if existing is None:
             check_kinds(facts, list(files), redact(simple))
