@@ -337,20 +337,39 @@ def _conflict_error(
 def materialize(repo: Repo, tree_dir: Path, upstream_commit: str, head: str) -> None:
     """Make ``tree_dir``, which holds ``upstream_commit``'s files, hold ``head``'s: write the
     files the series adds or changes (with their modes), remove the ones it deletes. Only
-    those are touched (a handful, against thousands for a checkout)."""
+    those are touched (a handful, against thousands for a checkout).
+
+    As a checkout does: every deletion first, and a directory left empty by one goes too
+    (so a file can replace a directory, and a directory a file, whatever order git lists
+    them in); a file is never written through a directory or over one."""
     _, out = repo.run("diff-tree", "-r", "-z", "--no-renames", upstream_commit, head, strip=False)
     fields = out.split("\0")
-    for header, path in zip(fields[0::2], fields[1::2], strict=False):
-        if not header:
+    entries = [
+        (header.lstrip(":").split(" "), path)
+        for header, path in zip(fields[0::2], fields[1::2], strict=False)
+        if header
+    ]
+    root = tree_dir.resolve()
+    for (_, new_mode, _, _, _), path in entries:
+        if new_mode != "000000":
             continue
-        _, new_mode, _, new_sha, _status = header.lstrip(":").split(" ")
         target = tree_dir / path
-        if target.is_symlink() or target.exists():
+        if target.is_symlink() or target.is_file():
             target.unlink()
+        parent = target.parent
+        while parent.resolve() != root and parent.is_dir() and not any(parent.iterdir()):
+            parent.rmdir()
+            parent = parent.parent
+    for (_, new_mode, _, new_sha, _), path in entries:
         if new_mode == "000000":
             continue
         if new_mode not in ("100644", "100755", "120000"):
             raise ForkError(f"the series makes {path} a {new_mode} entry; only files and links can be built.")
+        target = tree_dir / path
+        if target.is_symlink() or target.is_file():
+            target.unlink()
+        elif target.is_dir():  # a directory whose files the series deleted, now a file
+            shutil.rmtree(target)
         data = repo.read_blob(new_sha)
         target.parent.mkdir(parents=True, exist_ok=True)
         if new_mode == "120000":

@@ -115,3 +115,52 @@ def test_an_interrupted_import_leaves_no_unfinished_pack(tmp_path: Path) -> None
         unpack_sdist(truncated, tmp_path / "src", importer.add)
     assert list((repo.git_dir / "objects" / "pack").glob("tmp_*")) == []
     assert repo.out("for-each-ref") == ""
+
+
+def _dirs(root: Path) -> list[str]:
+    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_dir())
+
+
+def test_materialize_turns_a_directory_into_a_file_and_a_file_into_a_directory(tmp_path: Path) -> None:
+    """The series replaces a package by a module (vllm/pkg/ -> vllm/pkg) and a module by a
+    package (vllm/mod -> vllm/mod/__init__.py), and deletes the only file of a directory: the
+    tree is then the one a checkout writes (no raw IsADirectoryError, no empty directory)."""
+    members: list[tuple[str, bytes | None, int]] = [
+        ("vllm-1.0/setup.py", b"print('setup')\n", 0o644),
+        ("vllm-1.0/vllm/pkg/__init__.py", b"", 0o644),
+        ("vllm-1.0/vllm/pkg/deep/inner.py", b"a = 1\n", 0o644),
+        ("vllm-1.0/vllm/mod", b"b = 2\n", 0o644),
+        ("vllm-1.0/vllm/gone/only.py", b"c = 3\n", 0o644),
+    ]
+    repo = Repo(tmp_path / "repo.git")
+    with tree_import(repo) as (importer, tree):
+        top, epoch = unpack_sdist(
+            _sdist(tmp_path / "vllm-1.0.tar.gz", members), tmp_path / "src", importer.add
+        )
+    upstream = record_import(repo, Pin.parse("1.0"), tree[0], epoch, "test", canonical=True)
+    work = tmp_path / "work"
+    checkout_into(repo, upstream.commit, work, tmp_path / "index-work")
+    import shutil
+
+    shutil.rmtree(work / "vllm" / "pkg")
+    (work / "vllm" / "pkg").write_text("now a module\n")
+    (work / "vllm" / "mod").unlink()
+    (work / "vllm" / "mod").mkdir()
+    (work / "vllm" / "mod" / "__init__.py").write_text("now a package\n")
+    shutil.rmtree(work / "vllm" / "gone")
+    env = {"GIT_WORK_TREE": str(work), "GIT_INDEX_FILE": str(tmp_path / "index-work")}
+    repo.run("add", "--all", ".", env=env, cwd=work)
+    head = repo.commit_tree(
+        repo.out("write-tree", env=env).strip(),
+        [upstream.commit],
+        "patch\n",
+        Identity(*IDENTITY, date="@0 +0000"),
+    )
+    materialize(repo, top, upstream.commit, head)
+    assert _files(top) == _files(work)
+    assert _dirs(top) == _dirs(work)
+    # And back again (a tree written by the other direction).
+    materialize(repo, top, head, upstream.commit)
+    fresh = tmp_path / "fresh"
+    checkout_into(repo, upstream.commit, fresh, tmp_path / "index-fresh")
+    assert _files(top) == _files(fresh) and _dirs(top) == _dirs(fresh)
