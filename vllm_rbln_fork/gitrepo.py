@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 from .errors import FailedProcess
+from .files import write_atomic
+from .locks import held
+
+if TYPE_CHECKING:
+    import git
 
 # Fixed identity and config, so that the same inputs give the same commit ids anywhere.
 IDENTITY = ("vllm-rbln-fork", "vllm-rbln-fork@users.noreply.invalid")
@@ -55,6 +61,50 @@ class Identity:
         }
 
 
+def _pinned(repo: git.Repo) -> bool:
+    """``repo``'s config and attributes are already ours. Read without a lock: GitPython's
+    config writer takes ``config.lock`` as soon as it is opened, so opening one on every use
+    made two builds sharing a cache fail on each other's lock."""
+    reader = repo.config_reader("repository")
+    attributes = Path(repo.git_dir) / "info" / "attributes"
+    for key, value in CONFIG.items():
+        section, option = key.rsplit(".", 1)
+        if not reader.has_option(section, option) or reader.get(section, option) != value:
+            return False
+    return attributes.is_file() and attributes.read_text() == ATTRIBUTES
+
+
+def _pin(repo: git.Repo) -> None:
+    """Write :data:`CONFIG` and :data:`ATTRIBUTES` where they differ (under the caller's lock)."""
+    writer = repo.config_writer("repository")
+    try:
+        for key, value in CONFIG.items():
+            section, option = key.rsplit(".", 1)
+            if not writer.has_option(section, option) or writer.get(section, option) != value:
+                writer.set_value(section, option, value)
+    finally:
+        writer.release()
+    write_atomic(Path(repo.git_dir) / "info" / "attributes", ATTRIBUTES, skip_if_same=True)
+
+
+def _init(path: Path, bare: bool) -> None:
+    import git
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not bare:
+        path.mkdir(exist_ok=True)
+        git.Repo.init(path, bare=False, initial_branch="main")
+        return
+    aside = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        _pin(git.Repo.init(aside, bare=True, initial_branch="main"))
+        aside.chmod(0o755)  # mkdtemp makes it 0700; the cache is readable as before
+        aside.rename(path)  # over an empty directory too
+    except BaseException:
+        shutil.rmtree(aside, ignore_errors=True)
+        raise
+
+
 class Repo:
     """A git repository driven through GitPython, with reproducible settings."""
 
@@ -63,22 +113,17 @@ class Repo:
 
         self.path = path
         if not (path / "HEAD").exists() and not (path / ".git").exists():
-            path.mkdir(parents=True, exist_ok=True)
-            git.Repo.init(path, bare=bare, initial_branch="main")
+            # Two builds sharing a cache may both find it missing: one makes it, and a bare
+            # repo appears whole (made aside, configured, renamed into place).
+            with held(path.parent / f".{path.name}.init.lock", f"another process is making {path}"):
+                if not (path / "HEAD").exists() and not (path / ".git").exists():
+                    _init(path, bare)
         self.repo = git.Repo(path)
         self.git_dir = Path(self.repo.git_dir)
-        writer = self.repo.config_writer()
-        try:
-            for key, value in CONFIG.items():
-                section, option = key.rsplit(".", 1)
-                if not writer.has_option(section, option) or writer.get_value(section, option) != value:
-                    writer.set_value(section, option, value)
-        finally:
-            writer.release()
-        attributes = self.git_dir / "info" / "attributes"
-        if not attributes.exists() or attributes.read_text() != ATTRIBUTES:
-            attributes.parent.mkdir(exist_ok=True)
-            attributes.write_text(ATTRIBUTES)
+        if not _pinned(self.repo):
+            common = Path(self.repo.common_dir)  # a linked work tree's config is the common one
+            with held(common / "rbln-config.lock", f"another process is writing {common / 'config'}"):
+                _pin(self.repo)
 
     def run(
         self,

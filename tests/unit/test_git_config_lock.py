@@ -1,0 +1,53 @@
+"""The cache repo's pinned git config (gitrepo.CONFIG) is written only when it differs, and
+then under a lock: two builds sharing one cache open its repo at once (hostile review:
+test_review_real failed with FileExistsError on upstream.git/config.lock)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from vllm_rbln_fork.gitrepo import CONFIG, Repo
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+OPENER = """
+import sys, time
+from pathlib import Path
+from vllm_rbln_fork.gitrepo import Repo
+root, start = Path(sys.argv[1]), float(sys.argv[2])
+time.sleep(max(0.0, start - time.time()))
+for i in range(int(sys.argv[3])):
+    Repo(root / f"r{i}.git")
+"""
+
+
+def test_a_configured_repo_opens_while_another_process_writes_its_config(tmp_path: Path) -> None:
+    path = tmp_path / "upstream.git"
+    Repo(path)
+    lock = path / "config.lock"
+    lock.write_text("")  # another process (git, or another build) is writing the config
+    repo = Repo(path)  # nothing to write: no need for the lock
+    assert repo.out("config", "rerere.enabled") == "true"
+    assert lock.exists()  # the other process's lock is left alone
+
+
+def test_two_processes_make_and_configure_the_same_repos_at_once(tmp_path: Path) -> None:
+    start = time.time() + 3  # both past their imports, then at the same moment
+    count = 20
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", OPENER, str(tmp_path), str(start), str(count)],
+            cwd=REPO_ROOT,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    errors = [p.communicate()[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], errors
+    for i in range(count):
+        repo = Repo(tmp_path / f"r{i}.git")
+        assert all(repo.out("config", key) == value for key, value in CONFIG.items())
