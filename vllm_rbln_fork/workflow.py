@@ -45,8 +45,12 @@ FORMAT_PATCH = (
 
 
 def checkout(pin: Pin, spec: SourceSpec, project: Project, dest: Path) -> Path:
-    """Apply the series at ``pin`` and clone its branch to ``dest`` for editing."""
-    if dest.exists():
+    """Apply the series at ``pin`` and clone its branch to ``dest`` for editing (a new or
+    empty directory)."""
+    # Absolute: git runs in the cache repo, where a relative dest would be cloned (and an
+    # empty repo made at the dest the user meant).
+    dest = dest.absolute()
+    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
         raise ForkError(
             f"{dest} already exists. Export it first ('python build.py export --dir {dest}') "
             f"or delete it, then check out again."

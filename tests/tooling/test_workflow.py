@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
+from vllm_rbln_fork.errors import ForkError
 from vllm_rbln_fork.gitrepo import Repo
+from vllm_rbln_fork.paths import upstream_repo_dir
 from vllm_rbln_fork.pins import Pin
 from vllm_rbln_fork.workflow import checkout, export
 
@@ -97,3 +103,27 @@ def test_export_refuses_a_malformed_series_and_writes_nothing(fork, tmp_path) ->
     with pytest.raises(SeriesError, match=r"series line \d+: .*-p1"):
         export(tree, fork.project)
     assert _snapshot(fork.project) == before
+
+
+@pytest.mark.parametrize("made", ["absent", "empty"])
+def test_checkout_into_a_relative_dir_is_the_series_not_an_empty_repo(
+    fork, tmp_path, monkeypatch, made
+) -> None:
+    """``checkout --dir work/fix`` (relative, as typed): git ran in the cache repo, so the
+    clone went there and an empty repo was made at work/fix. An empty directory is fine too
+    (git clone takes one); one with files in it is refused and left as it was."""
+    monkeypatch.chdir(tmp_path)
+    if made == "empty":
+        (tmp_path / "work" / "fix").mkdir(parents=True)
+    tree = checkout(Pin.parse("1.0"), fork.spec(), fork.project, Path("work/fix"))
+    assert tree == tmp_path / "work" / "fix"
+    repo = Repo(tree, bare=False)
+    log = repo.run("log", "--format=%s", cwd=tree, in_work_tree=True)[1].splitlines()
+    assert len(log) == 3 and (tree / "vllm" / "core" / "gate.py").is_file()
+    assert not list(upstream_repo_dir().rglob("fix"))  # nothing cloned into the cache
+
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "notes.txt").write_text("mine\n")
+    with pytest.raises(ForkError, match="busy already exists"):
+        checkout(Pin.parse("1.0"), fork.spec(), fork.project, Path("busy"))
+    assert [p.name for p in (tmp_path / "busy").iterdir()] == ["notes.txt"]
