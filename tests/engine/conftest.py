@@ -17,6 +17,8 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # engine_kit, counting_scheduler (the in-process engine imports it)
+# The suite has no packages (--import-mode=importlib): shared test kits live in tests/support.
+sys.path.insert(0, str(HERE.parent / "support"))
 
 import engine_kit  # noqa: E402
 

@@ -2,10 +2,12 @@
 
 Each later prompt extends an earlier one to a point inside a KV block (block 32, earlier
 prompts of 88 tokens = 2 blocks + 3 sub-blocks of 8). Whole-block caching can reuse 64
-tokens of it; sub-block caching reuses all 88, by copying the partial block before the new
-request writes into it. More hits, and the same tokens: if the worker's copy were not made
-(or made wrong), the extending requests would attend to the wrong KV and their greedy
-outputs would differ.
+tokens of it; sub-block caching reuses what the earlier prompt's partial entry covers, by
+copying the partial block before the new request writes into it: all 88 at 0.31.0, 80 from
+0.32.0, whose upstream rule caches a prompt ending on a sub-block boundary one sub-block
+shorter (``tests/support/partial_entries.py``). More hits, and the same tokens: if the
+worker's copy were not made (or made wrong), the extending requests would attend to the
+wrong KV and their greedy outputs would differ.
 
 The first three extensions are sent after their earlier prompt finished. There, a missing
 copy-on-write in the scheduler (the extension writing straight into the earlier prompt's
@@ -23,7 +25,8 @@ import random
 from pathlib import Path
 
 import pytest
-from engine_kit import NGRAM, RBLN, VOCAB, first_difference, run, variant_site
+from engine_kit import BLOCK, NGRAM, RBLN, VOCAB, first_difference, run, variant_site
+from partial_entries import partial_entry_tokens
 
 rng = random.Random(7)
 
@@ -32,17 +35,23 @@ def words(count: int) -> list[int]:
     return [rng.randrange(3, VOCAB) for _ in range(count)]
 
 
-EARLIER = [words(88) for _ in range(3)]
+EARLIER_LEN = 88
+EARLIER = [words(EARLIER_LEN) for _ in range(3)]
 # Sent one by one: each extension after the prompt it extends has finished.
 SEQUENTIAL = [*EARLIER, *(p + words(30) for p in EARLIER)]
 # Sent together: the RBLN scheduler prefills RUNNING (88 tokens), then HITTING (its
 # extension) in the next step, which hits RUNNING's tail block while RUNNING decodes.
-RUNNING = words(88)
+RUNNING = words(EARLIER_LEN)
 HITTING = RUNNING + words(30)
 PROMPTS = [*SEQUENTIAL, RUNNING, HITTING]
 BATCHES = [1] * len(SEQUENTIAL) + [2]
 COMMON = dict(scheduler_cls=RBLN, speculative_config=NGRAM, enable_prefix_caching=True)
-SUB_BLOCKS = {"enable_sub_block_cache": True, "sub_block_size": 8}
+SUB_BLOCK = 8
+SUB_BLOCKS = {"enable_sub_block_cache": True, "sub_block_size": SUB_BLOCK}
+# Each earlier prompt decodes 8 tokens: its KV ends at token 95, so its third block never
+# fills and keeps its partial entry. Whole blocks: 64 tokens of it.
+WHOLE_HIT = EARLIER_LEN // BLOCK * BLOCK
+SUB_HIT = partial_entry_tokens(EARLIER_LEN, SUB_BLOCK)  # 88 at 0.31.0, 80 from 0.32.0
 NO_COW = Path(__file__).resolve().parent / "variants" / "no-cow.patch"
 
 
@@ -57,14 +66,15 @@ def test_sub_block_hits_raise_the_hit_count_and_keep_the_tokens(model: Path, no_
 
     assert sub.tokens == whole.tokens, first_difference(whole.tokens, sub.tokens)
     whole_hits, sub_hits = whole.metrics["vllm:prefix_cache_hits"], sub.metrics["vllm:prefix_cache_hits"]
-    # Four extensions. Whole blocks: 64 tokens of each earlier prompt. Sub-blocks: all 88.
-    assert whole_hits == 4 * 64, whole.metrics
-    assert sub_hits == 4 * 88, sub.metrics
+    # Four extensions, each hitting its earlier prompt: whole blocks, or up to its partial entry.
+    assert SUB_HIT > WHOLE_HIT and SUB_HIT % BLOCK, "the hits must end inside a block"
+    assert whole_hits == 4 * WHOLE_HIT, whole.metrics
+    assert sub_hits == 4 * SUB_HIT, sub.metrics
 
     # The same sub-block run without copy-on-write: the same hits, and other tokens for
     # the request that hit a running request's tail block (and only there).
     variant = run(model, PROMPTS, 8, batches=BATCHES, site=no_cow, **COMMON, additional_config=SUB_BLOCKS)
     assert variant.vllm_file.startswith(str(no_cow)), variant.vllm_file
-    assert variant.metrics["vllm:prefix_cache_hits"] == 4 * 88, variant.metrics
+    assert variant.metrics["vllm:prefix_cache_hits"] == 4 * SUB_HIT, variant.metrics
     assert variant.tokens[: len(SEQUENTIAL)] == whole.tokens[: len(SEQUENTIAL)]
     assert variant.tokens[-1] != whole.tokens[-1], "no-cow: the hitting request's tokens did not change"

@@ -33,6 +33,8 @@ os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
+# The suite has no packages (--import-mode=importlib): shared test kits live in tests/support.
+sys.path.insert(0, str(HERE.parent / "support"))
 
 import sched_harness  # noqa: E402
 

@@ -14,24 +14,9 @@ from typing import Any
 
 import pytest
 import sched_harness as h
+from partial_entries import partial_entry_tokens
 
 BLOCK = h.BLOCK_SIZE  # 16
-
-
-def _resend_limited() -> bool:
-    """From vLLM 0.32.0 the full-attention manager registers a prompt's partial entry at
-    the last sub-block boundary *below* the prompt's end (a resend of the prompt matches
-    at most ``prompt_len - 1`` tokens: ``FullAttentionManager``'s ``token_limit``); 0.31.0
-    registered it at the boundary at or below the end. A prompt that ends exactly on a
-    sub-block boundary is therefore cached one sub-block shorter."""
-    from importlib.metadata import version
-
-    from packaging.version import Version
-
-    return Version(version("vllm")).release >= (0, 32)
-
-
-RESEND_LIMITED = _resend_limited()
 # Large enough that a prompt prefills in one step.
 CHUNK = 64
 
@@ -96,23 +81,30 @@ def run_shared_prefix(
     return scheduler, driver, record, hit
 
 
+def extends_a(sub_block_size: int, first_len: int, second_len: int) -> tuple[int, int, int, int, int, bool]:
+    """A case where B's prompt extends A's whole prompt: B hits what A's partial entry covers."""
+    hit = partial_entry_tokens(first_len, sub_block_size)
+    return (sub_block_size, first_len, first_len, second_len, hit, hit % BLOCK != 0)
+
+
 @pytest.mark.parametrize(
     ("sub_block_size", "first_len", "shared_len", "second_len", "expected_hit", "copied"),
     [
         # No shared prefix: no hit.
         (4, 26, 0, 30, 0, False),
-        # One sub-block past a whole block: A's prompt (20 tokens) ends at
-        # sub-block boundary 20 (from 0.32.0: the entry is at 16, a whole block).
-        (4, 20, 20, 30, 16, False) if RESEND_LIMITED else (4, 20, 20, 30, 20, True),
-        # Several sub-blocks inside the first block, no whole block (from 0.32.0
-        # one sub-block fewer: 8 of A's 12 tokens).
-        (4, 12, 12, 30, 8, True) if RESEND_LIMITED else (4, 12, 12, 30, 12, True),
-        # A whole block and several sub-blocks: A's prompt of 26 tokens ends
-        # at sub-block boundary 24 (size 4) or 24 (size 8).
-        (4, 26, 26, 40, 24, True),
-        (8, 26, 26, 40, 24, True),
-        # Sub-block 8 rounds A's 20-token prompt down to 16: a whole block.
-        (8, 20, 20, 30, 16, False),
+        # B extends A's whole prompt: it hits up to A's partial entry (upstream's rule,
+        # tests/support/partial_entries.py: at 0.31.0 the prompt's last sub-block boundary;
+        # from 0.32.0 the last one below its end, one sub-block shorter for a prompt ending
+        # on a boundary), copied when that ends inside a block. At 0.31.0 / from 0.32.0:
+        # 20 tokens, sub-block 4: 20, copied / 16, a whole block.
+        extends_a(4, 20, 30),
+        # 12 tokens, no whole block: 12 / 8, copied at both.
+        extends_a(4, 12, 30),
+        # 26 tokens: 24 at both, sub-block 4 or 8, copied.
+        extends_a(4, 26, 40),
+        extends_a(8, 26, 40),
+        # Sub-block 8 rounds A's 20-token prompt down to 16 at both: a whole block.
+        extends_a(8, 20, 30),
         # Whole blocks only: a block-aligned shared prefix.
         (4, 32, 32, 40, 32, False),
         # Whole-block caching (sub-block off) hits 16 of the same 26.

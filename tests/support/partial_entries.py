@@ -1,0 +1,53 @@
+"""Where upstream vLLM caches a prompt's partial (sub-block) prefix-cache entry, per release.
+
+The rule changed between supported pins, and the vLLM tiers (scheduler, engine) expect each
+pin's own. ``FullAttentionManager._cache_partial_tail_block``
+(vllm/v1/core/single_type_kv_cache_manager.py) registers one partial entry per prompt, at a
+hash (sub-block) boundary inside the prompt's last block:
+
+* 0.31.0: the last boundary at or below the prompt's end
+  (``num_prompt_tokens // hash_block_size * hash_block_size``);
+* 0.32.0 and 0.33.0: the last boundary at or below ``num_prompt_tokens - 1`` ("A resend
+  matches at most ``prompt_len - 1`` tokens"), or the prompt's end when EAGLE drafts
+  ("EAGLE lookups read the whole prompt before dropping a hash unit").
+
+So a prompt that ends exactly on a sub-block boundary is cached one sub-block shorter from
+0.32.0, and a later prompt extending it hits one sub-block fewer. Neither the series nor the
+RBLN scheduler touches this method (the sub-block patches open upstream's machinery to a
+single full-attention group; they keep its rules). Read in the three sdists.
+
+Needs only the standard library and ``packaging``: importable in every test venv.
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import version
+
+from packaging.version import Version
+
+
+def installed_vllm_release() -> tuple[int, ...]:
+    """The release of the vLLM installed here (``0.32.0+rbln.4`` -> ``(0, 32, 0)``)."""
+    return Version(version("vllm")).release
+
+
+def resend_limited(release: tuple[int, ...] | None = None) -> bool:
+    """Whether ``release`` (default: the installed vLLM) caps a prompt's partial entry at
+    ``num_prompt_tokens - 1`` (0.32.0 and later) rather than at its end (0.31.0)."""
+    return (installed_vllm_release() if release is None else release) >= (0, 32)
+
+
+def partial_entry_tokens(
+    num_prompt_tokens: int,
+    hash_block_size: int,
+    *,
+    release: tuple[int, ...] | None = None,
+) -> int:
+    """The tokens of a cached prompt that its partial entry covers: how far a later request
+    that extends the prompt can hit. Holds while the block holding the boundary has not
+    filled (``BlockPool.cache_full_blocks`` replaces a block's partial entry by its full
+    hash) and the boundary is not a block boundary (there the whole-block entry serves;
+    upstream registers no partial one)."""
+    # (With EAGLE drafting 0.32.0 keeps the prompt's end; no case here drafts with EAGLE.)
+    limit = num_prompt_tokens - 1 if resend_limited(release) else num_prompt_tokens
+    return limit // hash_block_size * hash_block_size
