@@ -13,8 +13,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 from .errors import FailedProcess
-from .files import write_atomic
-from .locks import held
+from .files import held, write_atomic
 
 if TYPE_CHECKING:
     import git

@@ -17,8 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import __version__, log
-from .files import remember_sha256, sha256_of, sha256_remembered, tree_id, write_atomic
-from .locks import held
+from .files import held, remember_sha256, sha256_of, sha256_remembered, tree_id, write_atomic
 from .manifest import BuildManifest, PatchRecord
 from .paths import PROJECT_ROOT, cache_root, hash_memo_dir, locks_dir, upstream_repo_dir, wheel_cache_dir
 from .pins import Pin, PinsLock

@@ -40,3 +40,39 @@ def test_an_interrupted_directory_is_made_again(tmp_path: Path) -> None:
     (target / "half").write_text("")  # no .complete marker: an interrupted make
     made_once(target, lambda d: (d.mkdir(), (d / "whole").write_text("")))
     assert sorted(p.name for p in target.iterdir()) == [".complete", "whole"]
+
+
+def test_held_is_the_one_lock_it_says_when_it_waits_and_can_refuse_to_wait(tmp_path: Path) -> None:
+    """files.held: exclusive or shared flock; says ``waiting`` only when it has to wait."""
+    import threading
+
+    from vllm_rbln_fork import log
+    from vllm_rbln_fork.files import held
+
+    recorder = log.RecordingReporter()
+    log.set_reporter(recorder)
+    lock = tmp_path / "x.lock"
+    with held(lock, "never said"):
+        with held(lock, wait=False) as got:
+            assert got is False
+        with held(lock, shared=True, wait=False) as got:
+            assert got is False
+    with held(lock, shared=True), held(lock, shared=True, wait=False) as got:
+        assert got is True  # shared holders share
+    assert recorder.messages("info") == []
+
+    taken, release = threading.Event(), threading.Event()
+
+    def other_holder() -> None:
+        with held(lock):
+            taken.set()
+            release.wait(10)
+
+    thread = threading.Thread(target=other_holder)
+    thread.start()
+    taken.wait(10)
+    threading.Timer(0.3, release.set).start()
+    with held(lock, "waiting for the other holder") as got:
+        assert got is True and release.is_set()
+    thread.join()
+    assert recorder.messages("info") == ["waiting for the other holder"]

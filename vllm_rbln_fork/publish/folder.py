@@ -49,8 +49,7 @@ from packaging.utils import NormalizedName
 
 from .. import log
 from ..errors import ForkError, IndexConflict, WheelError
-from ..files import copy_atomic, sha256_of, write_atomic
-from ..locks import held
+from ..files import copy_atomic, held, sha256_of, write_atomic
 from .pages import (
     FILES_DIR,
     FileEntry,
