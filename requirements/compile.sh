@@ -19,6 +19,9 @@ header() {  # header <lock> <what it is for>
 # requirements/$1: $2
 # Generated from ${1%.lock}.in by requirements/compile.sh (uv pip compile --generate-hashes);
 # edit the .in file and run that script, never this file. Installed with pip --require-hashes.
+HEADER
+  grep -q '^torch==' "$1" || return 0  # the torch note only where torch is (not bootstrap.lock)
+  cat <<HEADER
 #
 # torch==2.13.0+cpu is PyTorch's CPU build for CPython 3.11 on x86-64 Linux; the public package
 # index has only the CUDA build under that version. On a stock machine pip gets it from the
