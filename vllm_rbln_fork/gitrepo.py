@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -38,6 +39,9 @@ CONFIG = {
     "rerere.enabled": "true",
     "rerere.autoUpdate": "true",
 }
+# A temporary pack (objects/pack/tmp_*) untouched this long is no live import's: a live
+# fast-import writes its pack as the sdist streams in, in seconds to minutes.
+UNFINISHED_PACK_AGE = 3600.0
 # Blobs are stored exactly as the sdist has them: no eol conversion or filters from
 # the sdist's own .gitattributes.
 ATTRIBUTES = "* -text -eol -filter -ident\n"
@@ -175,11 +179,10 @@ class Repo:
         is raised instead (a broken pipe is only its symptom). A pack that git was writing
         when it stopped is removed with it: an interrupted import must not leave a pack-sized
         temporary file in the cache."""
-        packs = self.git_dir / "objects" / "pack"
-        before = set(packs.glob("tmp_*"))
+        before = self._unfinished_packs()
 
         def remove_unfinished_packs() -> None:
-            for path in set(packs.glob("tmp_*")) - before:
+            for path in self._unfinished_packs() - before:
                 path.unlink(missing_ok=True)
 
         with tempfile.TemporaryFile() as output:
@@ -210,6 +213,27 @@ class Repo:
                 remove_unfinished_packs()
                 output.seek(0)
                 raise FailedProcess(["git", *args], status, output.read().decode(errors="replace"))
+
+    def _unfinished_packs(self) -> set[Path]:
+        """The packs git is writing, or was when it stopped (``objects/pack/tmp_*``)."""
+        return set((self.git_dir / "objects" / "pack").glob("tmp_*"))
+
+    def sweep_unfinished_packs(self, older_than: float = UNFINISHED_PACK_AGE) -> list[Path]:
+        """Remove the temporary packs that an import killed outright (SIGKILL, a lost
+        machine: :meth:`feed` had no chance to) left, untouched for ``older_than`` seconds,
+        and return them. Called under the build lock, before an import (no import of ours is
+        under way); the age keeps it off any pack a live git is writing anyway."""
+        now = time.time()
+        swept = []
+        for path in sorted(self._unfinished_packs()):
+            try:
+                if now - path.stat().st_mtime < older_than:
+                    continue
+                path.unlink()
+            except FileNotFoundError:  # finished or removed meanwhile
+                continue
+            swept.append(path)
+        return swept
 
     def read_blob(self, sha: str) -> bytes:
         """The bytes of blob ``sha``."""
