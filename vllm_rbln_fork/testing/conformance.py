@@ -11,9 +11,10 @@ Both runs use the same copy of the tests (the *referee*), kept in a directory th
 no ``vllm`` package shadows the one on ``PYTHONPATH``, and vLLM's own ``tests`` package
 resolves (it would clash with ours if it ran in our process; it never does).
 
-The unpatched outcomes may be cached per pin, keyed by the content of both trees' ``vllm/``,
-the referee tests, the Hugging Face fixtures, the tests that cannot run, and the venv's
-installed packages; the record keeps the command that produced it. The patched side always
+The unpatched outcomes may be cached per pin, keyed by the content of the unpatched tree's
+``vllm/``, the referee tests, the plugin, the Hugging Face fixtures, the tests that cannot
+run, and the venv's installed packages but vllm (``_baseline_key``; what it leaves out is in
+docs/conformance.md); the record keeps the command that produced it. The patched side always
 runs.
 
 Both sides load ``conformance_plugin`` (copied beside the referee tests), which gives every
