@@ -51,7 +51,6 @@ SUB_BLOCKS = {"enable_sub_block_cache": True, "sub_block_size": SUB_BLOCK}
 # Each earlier prompt decodes 8 tokens: its KV ends at token 95, so its third block never
 # fills and keeps its partial entry. Whole blocks: 64 tokens of it.
 WHOLE_HIT = EARLIER_LEN // BLOCK * BLOCK
-SUB_HIT = partial_entry_tokens(EARLIER_LEN, SUB_BLOCK)  # 88 at 0.31.0, 80 from 0.32.0
 NO_COW = Path(__file__).resolve().parent / "variants" / "no-cow.patch"
 
 
@@ -67,6 +66,9 @@ def test_sub_block_hits_raise_the_hit_count_and_keep_the_tokens(model: Path, no_
     assert sub.tokens == whole.tokens, first_difference(whole.tokens, sub.tokens)
     whole_hits, sub_hits = whole.metrics["vllm:prefix_cache_hits"], sub.metrics["vllm:prefix_cache_hits"]
     # Four extensions, each hitting its earlier prompt: whole blocks, or up to its partial entry.
+    # (Read here, not at import: outside the engine venv there is no vllm, and the session
+    # fixture says how to run the tier.)
+    SUB_HIT = partial_entry_tokens(EARLIER_LEN, SUB_BLOCK)  # 88 at 0.31.0, 80 from 0.32.0
     assert SUB_HIT > WHOLE_HIT and SUB_HIT % BLOCK, "the hits must end inside a block"
     assert whole_hits == 4 * WHOLE_HIT, whole.metrics
     assert sub_hits == 4 * SUB_HIT, sub.metrics

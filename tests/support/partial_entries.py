@@ -10,6 +10,12 @@ hash (sub-block) boundary inside the prompt's last block:
 * 0.32.0 and 0.33.0: the last boundary at or below ``num_prompt_tokens - 1`` ("A resend
   matches at most ``prompt_len - 1`` tokens"), or the prompt's end when EAGLE drafts
   ("EAGLE lookups read the whole prompt before dropping a hash unit").
+* 0.33.0 also caps the boundary at the request's hashed sub-blocks
+  (``min(token_limit // hash_block_size, len(request.block_hashes))``). Without a drafter
+  that needs lookahead every sub-block of the prompt is hashed and the cap changes
+  nothing; with ``num_hash_lookahead_tokens`` > 0 (EAGLE with prefix caching) the hasher
+  stops that many tokens short (``kv_cache_utils.get_request_block_hasher``), so the
+  entry can end before the prompt's end.
 
 So a prompt that ends exactly on a sub-block boundary is cached one sub-block shorter from
 0.32.0, and a later prompt extending it hits one sub-block fewer. Neither the series nor the
@@ -48,6 +54,7 @@ def partial_entry_tokens(
     filled (``BlockPool.cache_full_blocks`` replaces a block's partial entry by its full
     hash) and the boundary is not a block boundary (there the whole-block entry serves;
     upstream registers no partial one)."""
-    # (With EAGLE drafting 0.32.0 keeps the prompt's end; no case here drafts with EAGLE.)
+    # Without EAGLE, the one rule the tiers use: no case here drafts with EAGLE, whose
+    # rules differ (the prompt's end at 0.32.0; at 0.33.0 also capped by the hash lookahead).
     limit = num_prompt_tokens - 1 if resend_limited(release) else num_prompt_tokens
     return limit // hash_block_size * hash_block_size

