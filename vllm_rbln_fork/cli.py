@@ -319,19 +319,21 @@ def _export(args: argparse.Namespace) -> int:
         console.print("export: patches/ and series are unchanged")
     for name in result.changed:
         console.print(f"    wrote {name}")
+    if args.promote and not result.promoted and not result.kept_own:
+        console.print("export --promote: nothing to promote (no patch other pins share changed at this pin)")
     for name, pins in result.kept_own.items():
-        others = ", ".join(map(str, pins))
+        others = f"{', '.join(map(str, pins))} still build{'s' if len(pins) == 1 else ''}"
         if name in result.not_promoted:
             at_each = "; ".join(f"python build.py checkout --pin {p}" for p in pins)
             console.print(
                 f"[bold red]not promoted[/bold red] {name}: {result.not_promoted[name]}. It is "
-                f"written as this pin's own form (patches/<pin>/{name}); {others} still build the "
+                f"written as this pin's own form (patches/{result.pin}/{name}); {others} the "
                 f"shared patches/{name}. To make the change there too, make it at each ({at_each}), "
                 "then export without --promote."
             )
             continue
         console.print(
-            f"[yellow]note[/yellow] {name} changed at this pin only: {others} still build the shared "
+            f"[yellow]note[/yellow] {name} changed at this pin only: {others} the shared "
             f"patches/{name}. To make the change for every pin, export again with --promote, then "
             "test those pins."
         )

@@ -104,9 +104,10 @@ class Exported:
     # those pins must be tested again. {name: those pins, this one excluded}.
     promoted: dict[str, list[Pin]] = field(default_factory=dict)
     # With ``promote=True``: the changed patches it could not promote, and why ({name: reason};
-    # also in ``kept_own``), written as this pin's own form now or before: asking to promote
-    # is never silently a no-op.
+    # also in ``kept_own``), written as this pin's own form by this export.
     not_promoted: dict[str, str] = field(default_factory=dict)
+    # The pin exported (None for a single-series project).
+    pin: Pin | None = None
 
 
 def export(tree: Path, project: Project, *, promote: bool = False) -> Exported:
@@ -166,6 +167,7 @@ def export(tree: Path, project: Project, *, promote: bool = False) -> Exported:
         result.kept_own,
         result.promoted,
         result.not_promoted,
+        result.pin,
     )
 
 
@@ -291,12 +293,8 @@ def _write_pin_series(
         if path.parent != project.patches_dir and not any(path.parent.iterdir()):
             path.parent.rmdir()
     own_written = {Path(c).name for c in changed if c.startswith(f"patches/{pin}/")}
-    # A change --promote could make: said once, when the own form is written. One it cannot
-    # make: said whenever --promote is asked for (without it, an own form on upstream files is
-    # the normal case, e.g. after a move).
-    said = {
-        n: p
-        for n, p in kept_own.items()
-        if (n in not_promotable and promote) or (n not in not_promotable and n in own_written)
-    }
-    return Exported(changed, said, promoted, {n: r for n, r in not_promotable.items() if n in said})
+    # Said only when this export writes the own form (the patch changed at this pin): an own
+    # form already there and unchanged (a pin's form of a patch on upstream files, from its
+    # move) is the normal state, not a change --promote was asked to make.
+    said = {n: p for n, p in kept_own.items() if n in own_written and (n not in not_promotable or promote)}
+    return Exported(changed, said, promoted, {n: r for n, r in not_promotable.items() if n in said}, pin)

@@ -289,15 +289,50 @@ def test_promote_of_a_patch_on_upstream_files_is_not_silent_and_loses_nothing(
     out = " ".join((captured.out + captured.err).split())
     assert f"not promoted {PADDING_PATCH}" in out and "vllm/core/gate.py" in out
     assert "python build.py checkout --pin 1.1" in out
+    assert f"own form (patches/1.0/{PADDING_PATCH}); 1.1 still builds the shared" in out
     assert shared.read_text() == before  # 1.1 still builds the shared file
     own = fork.project.patches_dir / "1.0" / PADDING_PATCH
     assert "# padded" in own.read_text()  # the change is kept, as 1.0's own form
     assert f"1.0/{PADDING_PATCH}" in (fork.project.root / "series" / "1.0").read_text()
 
-    # Asked again (the own form already written): still said, not silently a no-op.
+    # Asked again (the own form already written, unchanged): nothing changed at this pin, so
+    # nothing is "not promoted" (an own form on upstream files is a pin's normal state).
     result = export(fix, fork.project, promote=True)
-    assert result.changed == [] and result.promoted == {}
-    assert list(result.not_promoted) == [PADDING_PATCH]
-    assert "vllm/core/gate.py" in result.not_promoted[PADDING_PATCH]
+    assert result.changed == [] and result.promoted == {} and result.not_promoted == {}
     # Without --promote, the own form already written and unchanged: nothing new to say.
     assert export(fix, fork.project).kept_own == {}
+
+
+def _export_cli(
+    fork: Any, tree: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], *args: str
+) -> tuple[int, str]:
+    from vllm_rbln_fork import cli
+    from vllm_rbln_fork.project import Project
+
+    monkeypatch.setattr(Project, "default", classmethod(lambda cls: fork.project))
+    rc = cli.main(["export", "--dir", str(tree), *args])
+    captured = capsys.readouterr()
+    return rc, " ".join((captured.out + captured.err).split())
+
+
+def test_promote_at_a_pin_with_own_forms_promotes_and_says_nothing_of_the_untouched_ones(
+    fork: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """1.3 has its own forms of the two patches on gate.py (from its move); a fix to the shared
+    RBLN-only patch made there is promoted, and the untouched own forms are not "not promoted"."""
+    _rbln_only_patch_in_both_pins(fork)
+    own = sorted(p.name for p in (fork.project.patches_dir / "1.3").iterdir())
+    assert own == [PADDING_PATCH, "count-one-more-slot-at-admission.patch"]
+    rc, out = _export_cli(fork, _fix_limit(fork, "1.3", tmp_path / "fix"), monkeypatch, capsys, "--promote")
+    assert "not promoted" not in out and rc == 0, out
+    assert f"promoted patches/{LIMIT_PATCH}: also in the series of 1.0" in out
+    assert _limits(fork) == {"1.0": "LIMIT = 2\n", "1.3": "LIMIT = 2\n"}
+
+    # An untouched checkout of 1.3, asked to promote: nothing to promote, and it says so.
+    shutil.rmtree(tmp_path / "fix")
+    from vllm_rbln_fork.workflow import checkout
+
+    again = checkout(Pin.parse("1.3"), fork.spec(), fork.project, tmp_path / "again")
+    rc, out = _export_cli(fork, again, monkeypatch, capsys, "--promote")
+    assert rc == 0 and "not promoted" not in out, out
+    assert "patches/ and series are unchanged" in out and "nothing to promote" in out
