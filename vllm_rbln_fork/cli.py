@@ -323,19 +323,24 @@ def _export(args: argparse.Namespace) -> int:
         console.print("export --promote: nothing to promote (no patch other pins share changed at this pin)")
     for name, pins in result.kept_own.items():
         others = f"{', '.join(map(str, pins))} still build{'s' if len(pins) == 1 else ''}"
-        if name in result.not_promoted:
-            at_each = "; ".join(f"python build.py checkout --pin {p}" for p in pins)
+        at_each = "; ".join(f"python build.py checkout --pin {p}" for p in pins)
+        if name in result.cannot_promote:
+            said = (
+                f"[bold red]not promoted[/bold red] {name}: {result.cannot_promote[name]}. It is "
+                if args.promote
+                else f"[yellow]note[/yellow] {name} changed at this pin only (it cannot be promoted: "
+                f"{result.cannot_promote[name]}). It is "
+            )
             console.print(
-                f"[bold red]not promoted[/bold red] {name}: {result.not_promoted[name]}. It is "
-                f"written as this pin's own form (patches/{result.pin}/{name}); {others} the "
+                f"{said}written as this pin's own form (patches/{result.pin}/{name}); {others} the "
                 f"shared patches/{name}. To make the change there too, make it at each ({at_each}), "
-                "then export without --promote."
+                f"then export{' without --promote' if args.promote else ''}."
             )
             continue
         console.print(
             f"[yellow]note[/yellow] {name} changed at this pin only: {others} the shared "
             f"patches/{name}. To make the change for every pin, export again with --promote, then "
-            "test those pins."
+            f"test those pins; or make it at each ({at_each})."
         )
     for name, pins in result.promoted.items():
         console.print(
@@ -343,7 +348,7 @@ def _export(args: argparse.Namespace) -> int:
         )
         for pin in pins:
             console.print(f"    test it: python build.py test --pin {pin}")
-    return 1 if args.promote and result.not_promoted else 0
+    return 1 if args.promote and result.cannot_promote else 0
 
 
 def _forget(args: argparse.Namespace) -> int:

@@ -97,15 +97,16 @@ class Exported:
 
     # Files written or removed, relative to the project root.
     changed: list[str]
-    # A fork-only patch changed at this pin that other pins' series name plainly: written
-    # as this pin's own form; the other pins keep the shared file. {name: those pins}.
+    # A patch changed at this pin that other pins' series name plainly: written (by this
+    # export) as this pin's own form; the other pins keep the shared file. {name: those pins}.
     kept_own: dict[str, list[Pin]] = field(default_factory=dict)
     # Promoted (``promote=True``): the shared file changed for every pin that names it;
     # those pins must be tested again. {name: those pins, this one excluded}.
     promoted: dict[str, list[Pin]] = field(default_factory=dict)
-    # With ``promote=True``: the changed patches it could not promote, and why ({name: reason};
-    # also in ``kept_own``), written as this pin's own form by this export.
-    not_promoted: dict[str, str] = field(default_factory=dict)
+    # Of ``kept_own``, those --promote cannot promote (they change files upstream has, or start
+    # from other contents than the shared file), and why: {name: reason}. With ``promote=True``
+    # they are the ones not promoted.
+    cannot_promote: dict[str, str] = field(default_factory=dict)
     # The pin exported (None for a single-series project).
     pin: Pin | None = None
 
@@ -166,7 +167,7 @@ def export(tree: Path, project: Project, *, promote: bool = False) -> Exported:
         result.changed + resolutions.save(repo, project.rerere_dir),
         result.kept_own,
         result.promoted,
-        result.not_promoted,
+        result.cannot_promote,
         result.pin,
     )
 
@@ -225,7 +226,7 @@ def _write_pin_series(
       one: the shared file is rewritten, so a fix is made once for every pin, and the pins
       that name it are returned to be tested again. Only from a supported pin (pins.toml).
       A patch that cannot be promoted stays this pin's own form and is returned with the
-      reason (``not_promoted``): nothing is lost, and nothing is silent.
+      reason (``cannot_promote``): nothing is lost, and nothing is silent.
     """
     supported = [s.pin for s in supported_pins(project)]
     if promote and pin not in supported:
@@ -293,8 +294,8 @@ def _write_pin_series(
         if path.parent != project.patches_dir and not any(path.parent.iterdir()):
             path.parent.rmdir()
     own_written = {Path(c).name for c in changed if c.startswith(f"patches/{pin}/")}
-    # Said only when this export writes the own form (the patch changed at this pin): an own
-    # form already there and unchanged (a pin's form of a patch on upstream files, from its
-    # move) is the normal state, not a change --promote was asked to make.
-    said = {n: p for n, p in kept_own.items() if n in own_written and (n not in not_promotable or promote)}
+    # Said whenever this export writes the own form (the patch changed at this pin), --promote
+    # or not; an own form already there and unchanged (a pin's form of a patch on upstream
+    # files, from its move) is the normal state, not a change.
+    said = {n: p for n, p in kept_own.items() if n in own_written}
     return Exported(changed, said, promoted, {n: r for n, r in not_promotable.items() if n in said}, pin)

@@ -298,7 +298,7 @@ def test_promote_of_a_patch_on_upstream_files_is_not_silent_and_loses_nothing(
     # Asked again (the own form already written, unchanged): nothing changed at this pin, so
     # nothing is "not promoted" (an own form on upstream files is a pin's normal state).
     result = export(fix, fork.project, promote=True)
-    assert result.changed == [] and result.promoted == {} and result.not_promoted == {}
+    assert result.changed == [] and result.promoted == {} and result.cannot_promote == {}
     # Without --promote, the own form already written and unchanged: nothing new to say.
     assert export(fix, fork.project).kept_own == {}
 
@@ -336,3 +336,21 @@ def test_promote_at_a_pin_with_own_forms_promotes_and_says_nothing_of_the_untouc
     rc, out = _export_cli(fork, again, monkeypatch, capsys, "--promote")
     assert rc == 0 and "not promoted" not in out, out
     assert "patches/ and series are unchanged" in out and "nothing to promote" in out
+
+
+def test_a_change_at_one_pin_to_a_patch_other_pins_share_is_said_without_promote(
+    fork: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """docs/patch-workflow.md: a changed patch other pins name is this pin's own form, and
+    "Export says so and names those pins", --promote or not."""
+    fix = _fix_padding_at_1_0(fork, tmp_path / "fix")
+    rc, out = _export_cli(fork, fix, monkeypatch, capsys)
+    assert rc == 0, out
+    assert f"wrote patches/1.0/{PADDING_PATCH}" in out
+    assert f"note {PADDING_PATCH} changed at this pin only (it cannot be promoted" in out, out
+    assert f"own form (patches/1.0/{PADDING_PATCH}); 1.1 still builds the shared" in out
+    assert "python build.py checkout --pin 1.1" in out and "vllm/core/gate.py" in out
+    assert "export again with --promote" not in out  # it cannot be promoted: not offered
+    # Exported again, unchanged: nothing new to say.
+    rc, out = _export_cli(fork, fix, monkeypatch, capsys)
+    assert rc == 0 and "note" not in out and "patches/ and series are unchanged" in out, out
