@@ -361,7 +361,13 @@ def _forget(args: argparse.Namespace) -> int:
     removed = forget(project.rerere_dir, args.ids, Repo(cache) if cache.is_dir() else None)
     for name in removed:
         console.print(f"    removed {name}")
-    console.print("commit the removal; the next carry meets those conflicts again")
+    if any(name.startswith(f"{project.rerere_dir.name}/") for name in removed):
+        console.print("commit the removal; the next carry meets those conflicts again")
+    else:
+        console.print(
+            "only this cache had them: nothing in the project changed; "
+            "the next carry meets those conflicts again"
+        )
     return 0
 
 

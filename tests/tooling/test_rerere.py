@@ -90,7 +90,11 @@ def test_export_saves_only_the_records_of_its_own_carry(
 
 
 def test_a_forgotten_record_is_not_replayed_here_or_on_another_machine(
-    fork: Any, publish_release: Callable[[str], None], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    fork: Any,
+    publish_release: Callable[[str], None],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     publish_release("2.3")
     record_id, _ = _record_the_move_to_1_3(fork)
@@ -103,7 +107,10 @@ def test_a_forgotten_record_is_not_replayed_here_or_on_another_machine(
 
     with pytest.raises(ForkError, match="at least 4 leading hex digits"):
         resolutions.forget(fork.project.rerere_dir, [record_id[:3]])
-    assert resolutions.forget(fork.project.rerere_dir, [record_id[:8]], Repo(here)) == [f"rerere/{record_id}"]
+    monkeypatch.setenv("VLLM_RBLN_FORK_CACHE", str(here.parent))
+    out = _forget_cli(fork, record_id, monkeypatch, capsys)
+    assert f"removed rerere/{record_id}" in out and "commit the removal" in out, out
+    monkeypatch.setenv("VLLM_RBLN_FORK_CACHE", str(tmp_path / "machine-2"))
     assert not (fork.project.rerere_dir / record_id).exists()
     assert not (here / "rr-cache" / record_id).exists()
 
@@ -135,18 +142,35 @@ def test_a_record_exported_here_and_forgotten_elsewhere_is_not_replayed_here(
     assert not (_rr_cache() / record_id / "postimage").exists()  # met again: a preimage only
 
 
+def _forget_cli(
+    fork: Any, record_id: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> str:
+    from vllm_rbln_fork import cli
+    from vllm_rbln_fork.project import Project
+
+    monkeypatch.setattr(Project, "default", classmethod(lambda cls: fork.project))
+    assert cli.main(["forget", record_id[:8]]) == 0
+    captured = capsys.readouterr()
+    return " ".join((captured.out + captured.err).split())
+
+
 def test_a_record_only_in_this_cache_can_be_forgotten(
-    fork: Any, publish_release: Callable[[str], None]
+    fork: Any,
+    publish_release: Callable[[str], None],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """A carry's record not exported (so not in rerere/): forget finds it in the cache."""
+    """A carry's record not exported (so not in rerere/): forget finds it in the cache, and
+    does not ask for a commit (nothing in the project changed)."""
     publish_release("2.3")
     move_by_hand(fork, "1.3")  # resolved and carried, never exported
     shutil.rmtree(fork.project.work_dir)
     (record_id,) = [p.name for p in _rr_cache().iterdir() if (p / "postimage").is_file()]
     assert not fork.project.rerere_dir.exists() or not any(fork.project.rerere_dir.iterdir())
 
-    removed = resolutions.forget(fork.project.rerere_dir, [record_id[:8]], Repo(upstream_repo_dir()))
-    assert removed == [str(_rr_cache() / record_id)]
+    out = _forget_cli(fork, record_id, monkeypatch, capsys)
+    assert f"removed {_rr_cache() / record_id}" in out
+    assert "commit" not in out and "nothing in the project changed" in out, out
     assert not (_rr_cache() / record_id).exists()
     stopped = _carry_to_2_3(fork)
     assert not stopped.carried_all and stopped.reused == ()
