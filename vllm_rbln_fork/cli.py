@@ -107,6 +107,12 @@ def _build_parser() -> argparse.ArgumentParser:
         help="with --publish URL: the server's PEP 503 page root, checked for a file of the same name "
         "before the upload (default: <URL>/simple/, pypiserver's layout; devpi and Artifactory differ)",
     )
+    parser.add_argument(
+        "--new-project",
+        action="store_true",
+        help="with --publish URL: the first upload of vllm to a server whose page root has no page "
+        "of its own (Gitea, Forgejo): a 404 for the project's page is taken as a new project",
+    )
     return parser
 
 
@@ -217,11 +223,12 @@ def _build(args: argparse.Namespace) -> int:
         return _review(args)
     if args.write or args.report_dir or args.source_pin:
         _build_parser().error("--write, --from and --report-dir go with --review")
-    if args.check_index:
+    if args.check_index or args.new_project:
         from .publish.result import is_url
 
         if not (args.publish and is_url(args.publish)):
-            _build_parser().error("--check-index goes with --publish <upload URL>")
+            flag = "--check-index" if args.check_index else "--new-project"
+            _build_parser().error(f"{flag} goes with --publish <upload URL>")
     from .pipeline import build
 
     start = time.perf_counter()
@@ -249,7 +256,9 @@ def _build(args: argparse.Namespace) -> int:
     if args.publish:
         from .publish import publish
 
-        published = publish(result.wheel, args.publish, index_url=args.check_index)
+        published = publish(
+            result.wheel, args.publish, index_url=args.check_index, new_project=args.new_project
+        )
         state = "already there, same bytes" if published.already_published else "published"
         console.print(f"[bold green]{state}[/bold green] {published.file_url}")
         console.print(f"    index     {published.index_url}")

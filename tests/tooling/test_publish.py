@@ -378,3 +378,69 @@ def test_an_upload_whose_index_cannot_be_read_is_refused_not_made_blind(
     message = " ".join(str(err.value).split())
     assert (check or f"{upload}simple/") in message and "--check-index" in message
     assert "Nothing was uploaded" in message
+
+
+def test_a_first_upload_to_an_index_without_a_root_page_goes_with_new_project(
+    wheel: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Gitea's and Forgejo's package registries serve only <root>/<project>/, never the root
+    page itself: a 404 for the project there cannot tell a project not uploaded yet from a
+    wrong page root. Without --new-project the upload is refused (and says so, naming the
+    flag); with it the first upload is made and read back."""
+    import http.server
+    import threading
+
+    from vllm_rbln_fork.errors import IndexUnreachable
+
+    stored: dict[str, bytes] = {}
+    posts: list[str] = []
+
+    class Gitea(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = b""
+            if self.path.endswith("/pypi/simple/vllm/") and stored:
+                digest = hashlib.sha256(stored[WHEEL]).hexdigest()
+                body = (
+                    f'<html><body><a href="/files/{WHEEL}#sha256={digest}">{WHEEL}</a></body></html>'.encode()
+                )
+            self.send_response(200 if body else 404)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_POST(self) -> None:
+            posts.append(self.path)
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            stored[WHEEL] = wheel.read_bytes()  # what the form carried (the test's one wheel)
+            self.send_response(201)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    monkeypatch.setenv("TWINE_USERNAME", "release-bot")
+    monkeypatch.setenv("TWINE_PASSWORD", "pw")
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Gitea)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        upload = f"http://127.0.0.1:{server.server_address[1]}/api/packages/owner/pypi"
+        with pytest.raises(IndexUnreachable) as err:
+            publish(wheel, upload)
+        assert posts == []
+        message = " ".join(str(err.value).split())
+        assert "Nothing was uploaded" in message and "--new-project" in message, message
+
+        result = publish(wheel, upload, new_project=True)
+    finally:
+        server.shutdown()
+    assert posts == ["/api/packages/owner/pypi"]
+    assert result.sha256 == _sha256(wheel) and result.file_url.endswith(f"/files/{WHEEL}")
+
+
+def test_new_project_goes_with_an_upload_url(tmp_path: Path) -> None:
+    from vllm_rbln_fork import cli
+
+    with pytest.raises(SystemExit):
+        cli.main(["--pin", "1.0", "--publish", str(tmp_path), "--new-project"])

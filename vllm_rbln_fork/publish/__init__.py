@@ -17,17 +17,21 @@ from .wheelfacts import read_wheel
 __all__ = ["PublishResult", "publish", "yank"]
 
 
-def publish(wheel: Path, dest: str, *, index_url: str | None = None) -> PublishResult:
+def publish(
+    wheel: Path, dest: str, *, index_url: str | None = None, new_project: bool = False
+) -> PublishResult:
     """Put ``wheel`` into the index at ``dest`` (a folder, or an upload URL).
 
     For an upload URL, ``index_url`` is the server's PEP 503 page root used to check
     for an existing file first; by default ``<dest>/simple/`` (pypiserver's layout).
+    ``new_project``: a 404 for the project's page is taken as a project not uploaded yet
+    even where the page root has no page of its own (Gitea, Forgejo).
     Credentials come from ``TWINE_USERNAME``/``TWINE_PASSWORD`` or keyring, never
     from the URL or the command line.
     """
     facts = read_wheel(wheel)
     if is_url(dest):
-        return upload.publish_upload(wheel, facts, dest, index_url)
+        return upload.publish_upload(wheel, facts, dest, index_url, new_project=new_project)
     return folder.publish_folder(wheel, facts, Path(dest))
 
 

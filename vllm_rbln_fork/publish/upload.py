@@ -27,31 +27,51 @@ def _auth_from_env() -> tuple[str, str] | None:
     return (user, password) if user and password else None
 
 
-def _remote_files(index_url: str, facts: WheelFacts) -> dict[str, tuple[str | None, str]]:
+def _remote_files(
+    index_url: str, facts: WheelFacts, *, new_project: bool = False
+) -> dict[str, tuple[str | None, str]]:
     """``{filename: (sha256 or None, url)}`` of the project's files on the server.
 
     Raises :class:`IndexUnreachable` when the server's pages cannot be read. A 404 for the
-    project is a project not uploaded yet only if the index's own page answers: a wrong page
-    root 404s too.
+    project is a project not uploaded yet only if the index's own page answers (a wrong page
+    root 404s too), or if the caller says the project is new (``new_project``: Gitea's and
+    Forgejo's registries have no root page, so nothing else can tell the two apart).
     """
+    auth = _auth_from_env()
     try:
-        with PyPISimple(endpoint=index_url, auth=_auth_from_env()) as client:
+        with PyPISimple(endpoint=index_url, auth=auth) as client:
             try:
                 page = client.get_project_page(facts.name, timeout=60)
             except NoSuchProjectError:
-                client.get_index_page(timeout=60)
+                if new_project:
+                    return {}
+                # Only its status: the root page of a big index is large, and its body says nothing.
+                with client.s.get(index_url, timeout=60, stream=True) as root:
+                    if root.status_code == 404:
+                        raise IndexUnreachable(
+                            f"cannot read {redact(index_url)}: it has no page for {facts.name} and "
+                            f"no page of its own (404 for both), so a wrong page root cannot be told "
+                            f"from a project not uploaded yet. If this is the first upload of "
+                            f"{facts.name} to a server with no root page (Gitea, Forgejo), say so "
+                            f"with --new-project"
+                        ) from None
+                    root.raise_for_status()
                 return {}
     except requests.RequestException as exc:
         raise IndexUnreachable(f"cannot read {redact(index_url)}: {exc}") from None
     return {pkg.filename: (pkg.digests.get("sha256"), pkg.url) for pkg in page.packages}
 
 
-def _remote_file(index_url: str, facts: WheelFacts) -> tuple[str | None, str] | None:
+def _remote_file(
+    index_url: str, facts: WheelFacts, *, new_project: bool = False
+) -> tuple[str | None, str] | None:
     """``(sha256 or None, url)`` of ``facts.filename`` on the server, or None if it is not there."""
-    return _remote_files(index_url, facts).get(facts.filename)
+    return _remote_files(index_url, facts, new_project=new_project).get(facts.filename)
 
 
-def publish_upload(wheel: Path, facts: WheelFacts, dest: str, index_url: str | None) -> PublishResult:
+def publish_upload(
+    wheel: Path, facts: WheelFacts, dest: str, index_url: str | None, *, new_project: bool = False
+) -> PublishResult:
     parts = urlsplit(dest)
     if parts.username is not None or parts.password is not None:
         raise ForkError(
@@ -70,7 +90,7 @@ def publish_upload(wheel: Path, facts: WheelFacts, dest: str, index_url: str | N
     )
     with log.phase(f"upload {facts.filename} to {dest}"):
         try:
-            files = _remote_files(simple, facts)
+            files = _remote_files(simple, facts, new_project=new_project)
         except IndexUnreachable as exc:
             raise IndexUnreachable(
                 f"{exc}. An upload first reads the index for an existing {facts.filename} and for "
@@ -97,7 +117,7 @@ def publish_upload(wheel: Path, facts: WheelFacts, dest: str, index_url: str | N
             log.warn(f"{simple} lists {facts.filename} without a sha256; uploading, the server decides")
         _twine_upload(wheel, dest)
         try:
-            after = _remote_file(simple, facts)
+            after = _remote_file(simple, facts, new_project=new_project)
         except IndexUnreachable as exc:
             log.warn(f"uploaded, but {exc}; check that {facts.filename} is listed there")
             return result
