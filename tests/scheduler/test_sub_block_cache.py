@@ -536,6 +536,71 @@ def test_unverified_connector_inside_a_multi_connector_is_refused() -> None:
         make_with_transfer_config(h.sub_block_settings(4), multi)
 
 
+OFFLOADING_CHILD = {
+    "kv_connector": "OffloadingConnector",
+    "kv_role": "kv_both",
+    "kv_connector_extra_config": {"cpu_bytes_to_use": 1 << 20},
+}
+OOT_CHILD = {
+    "kv_connector": "BlockHashKeyedConnector",
+    "kv_connector_module_path": "oot_connectors",
+    "kv_role": "kv_both",
+    "kv_connector_extra_config": {"matched_tokens": 0, "is_async": False},
+}
+MOCK_CHILD = {
+    "kv_connector": "MockKVConnector",
+    "kv_role": "kv_both",
+    "kv_connector_extra_config": {"matched_tokens": 0, "is_async": False},
+}
+OPERATOR_MULTI = "oot_connectors.OperatorMultiConnector"
+
+
+def multi_connector_subclass(*children: dict[str, Any]) -> Any:
+    """The operator's MultiConnector subclass (tests/scheduler/oot_connectors.py)
+    holding `children`."""
+    from vllm.config import KVTransferConfig
+
+    return KVTransferConfig(
+        kv_connector="OperatorMultiConnector",
+        kv_connector_module_path="oot_connectors",
+        kv_role="kv_both",
+        kv_connector_extra_config={"connectors": list(children)},
+    )
+
+
+@pytest.mark.parametrize(
+    ("child", "named"),
+    [(OFFLOADING_CHILD, "OffloadingConnector"), (OOT_CHILD, "oot_connectors.BlockHashKeyedConnector")],
+    ids=["hash-keyed-child", "unverified-child"],
+)
+def test_a_listed_multi_connector_subclass_still_has_its_children_checked(
+    child: dict[str, Any], named: str
+) -> None:
+    """The operator lists their MultiConnector subclass as checked (its own
+    code); its children are checked as MultiConnector's are, so a listed
+    container never carries a hash-keyed or unverified child through."""
+    from vllm.v1.core.sched.rbln_sub_block import SubBlockCacheConfigError
+
+    settings = h.sub_block_settings(4, verified_connectors=(*h.TEST_CONNECTORS, OPERATOR_MULTI))
+    with pytest.raises(SubBlockCacheConfigError) as error:
+        make_with_transfer_config(settings, multi_connector_subclass(MOCK_CHILD, child))
+    assert named in str(error.value) and OPERATOR_MULTI not in str(error.value)
+    # With checked children only, it runs.
+    scheduler = make_with_transfer_config(settings, multi_connector_subclass(MOCK_CHILD))
+    assert type(scheduler.connector).__name__ == "OperatorMultiConnector"
+
+
+def test_an_unlisted_multi_connector_subclass_is_refused_by_its_own_name() -> None:
+    """Its children are fine, but its own code is not vLLM's MultiConnector:
+    refused until the operator lists it, naming it and the ways out."""
+    from vllm.v1.core.sched.rbln_sub_block import SubBlockCacheConfigError
+
+    with pytest.raises(SubBlockCacheConfigError) as error:
+        make_with_transfer_config(h.sub_block_settings(4), multi_connector_subclass(MOCK_CHILD))
+    assert f"{OPERATOR_MULTI} is not known to key" in str(error.value)
+    assert 'additional_config["sub_block_verified_connectors"]' in str(error.value)
+
+
 def test_connector_listed_as_checked_runs_with_sub_blocks() -> None:
     """The operator's list lets a connector they checked through; the same
     connector runs with whole blocks without being listed."""
