@@ -6,7 +6,6 @@ import os
 import shutil
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -39,9 +38,6 @@ CONFIG = {
     "rerere.enabled": "true",
     "rerere.autoUpdate": "true",
 }
-# A temporary pack (objects/pack/tmp_*) untouched this long is no live import's: a live
-# fast-import writes its pack as the sdist streams in, in seconds to minutes.
-UNFINISHED_PACK_AGE = 3600.0
 # Blobs are stored exactly as the sdist has them: no eol conversion or filters from
 # the sdist's own .gitattributes.
 ATTRIBUTES = "* -text -eol -filter -ident\n"
@@ -106,6 +102,22 @@ def _init(path: Path, bare: bool) -> None:
     except BaseException:
         shutil.rmtree(aside, ignore_errors=True)
         raise
+
+
+def sweep_unfinished_packs(git_dir: Path) -> list[Path]:
+    """Remove the temporary packs (``objects/pack/tmp_*``) in ``git_dir`` that a process
+    killed outright (SIGKILL, OOM, a lost machine: :meth:`Repo.feed` had no chance to) left,
+    however young, and return them. Only for the cache repo under the build lock: every
+    process of ours that writes a pack there (the import's ``fast-import``) runs under it, so
+    no writer is live. A glob, no git: cheap enough for every cache hit."""
+    swept = []
+    for path in sorted((git_dir / "objects" / "pack").glob("tmp_*")):
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            continue
+        swept.append(path)
+    return swept
 
 
 class Repo:
@@ -217,23 +229,6 @@ class Repo:
     def _unfinished_packs(self) -> set[Path]:
         """The packs git is writing, or was when it stopped (``objects/pack/tmp_*``)."""
         return set((self.git_dir / "objects" / "pack").glob("tmp_*"))
-
-    def sweep_unfinished_packs(self, older_than: float = UNFINISHED_PACK_AGE) -> list[Path]:
-        """Remove the temporary packs that an import killed outright (SIGKILL, a lost
-        machine: :meth:`feed` had no chance to) left, untouched for ``older_than`` seconds,
-        and return them. Called under the build lock, before an import (no import of ours is
-        under way); the age keeps it off any pack a live git is writing anyway."""
-        now = time.time()
-        swept = []
-        for path in sorted(self._unfinished_packs()):
-            try:
-                if now - path.stat().st_mtime < older_than:
-                    continue
-                path.unlink()
-            except FileNotFoundError:  # finished or removed meanwhile
-                continue
-            swept.append(path)
-        return swept
 
     def read_blob(self, sha: str) -> bytes:
         """The bytes of blob ``sha``."""

@@ -60,10 +60,18 @@ class Prepared:
 
 @contextmanager
 def build_lock() -> Iterator[None]:
-    """One build at a time on this machine: they share the cache repo and dist/."""
+    """One build at a time on this machine: they share the cache repo and dist/.
+
+    Every process of ours that writes a pack in the cache repo runs under this lock, so a
+    temporary pack found on taking it is one a killed import left: it goes at once, on every
+    build (a cache hit too: the rerun after the kill may import nothing)."""
+    from .gitrepo import sweep_unfinished_packs
+
     with held(
         locks_dir() / "build.lock", "another build is running on this machine; waiting for it to finish"
     ):
+        for path in sweep_unfinished_packs(upstream_repo_dir()):
+            log.info(f"removed {path.name}, an unfinished pack a killed import left in {upstream_repo_dir()}")
         yield
 
 

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from . import log
 from .errors import ForkError
 from .gitrepo import IDENTITY, Identity, Repo
 from .pins import Pin
@@ -83,10 +82,8 @@ def _quoted(path: str) -> str:
 def tree_import(repo: Repo) -> Iterator[tuple[TreeImport, list[str]]]:
     """A :class:`TreeImport` to feed; after the block, the list holds the tree's id. If the
     block raises, the import is abandoned: no ref points at anything of it. Called under the
-    build lock (``pipeline.prepare``), it first sweeps the temporary packs that imports killed
-    outright left (:meth:`Repo.sweep_unfinished_packs`)."""
-    for path in repo.sweep_unfinished_packs():
-        log.info(f"removed {path.name}, an unfinished pack a killed import left in {repo.path}")
+    build lock (``pipeline.prepare``), which sweeps the temporary packs that imports killed
+    outright left (``pipeline.build_lock``)."""
     ref = f"refs/rbln-import/{os.getpid()}"
     result: list[str] = []
     # No deltas (--depth=0) and no zlib (pack.compression=0): a third of the CPU of the

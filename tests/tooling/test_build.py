@@ -85,6 +85,22 @@ def test_second_build_is_a_cache_hit(fork) -> None:
     assert second.cached and second.manifest.wheel_sha256 == first.manifest.wheel_sha256
 
 
+def test_a_build_sweeps_the_pack_a_killed_import_left_even_when_it_imports_nothing(fork) -> None:
+    """An import killed outright (SIGKILL, OOM) leaves its objects/pack/tmp_pack_*; the user
+    runs again at once and that run (or any later one) may import nothing: a cache hit, or a
+    pin already imported. Every pack writer of the cache repo runs under the build lock, so
+    whoever takes it removes such a file, however young."""
+    from vllm_rbln_fork.paths import upstream_repo_dir
+
+    build(Pin.parse("1.0"), fork.spec(), fork.project)
+    packs = upstream_repo_dir() / "objects" / "pack"
+    left = [packs / "tmp_pack_Ab12Cd", packs / "tmp_idx_Ef34Gh"]
+    for path in left:
+        path.write_bytes(os.urandom(1000))  # written a moment ago: the killed import
+    assert build(Pin.parse("1.0"), fork.spec(), fork.project).cached
+    assert [p.exists() for p in left] == [False, False]
+
+
 def test_a_hit_on_a_locked_pin_asks_neither_pip_nor_the_index(fork, monkeypatch) -> None:
     from vllm_rbln_fork import index_client
     from vllm_rbln_fork.source import SourceSpec

@@ -6,7 +6,6 @@ from __future__ import annotations
 import io
 import os
 import tarfile
-import time
 from pathlib import Path
 
 import pytest
@@ -167,24 +166,25 @@ def test_materialize_turns_a_directory_into_a_file_and_a_file_into_a_directory(t
     assert _files(top) == _files(fresh) and _dirs(top) == _dirs(fresh)
 
 
-def test_an_import_sweeps_the_unfinished_packs_a_killed_import_left(tmp_path: Path) -> None:
+def test_the_build_lock_sweeps_the_unfinished_packs_a_killed_import_left(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A fast-import killed outright (SIGKILL, a lost machine) cannot remove its tmp_pack_*
-    file; the next import does, under the build lock, once it is old enough that no live
-    import can be writing it. A recent one is left alone."""
-    from vllm_rbln_fork.gitrepo import UNFINISHED_PACK_AGE
+    file. Every pack writer of the cache repo runs under the build lock, so whoever takes it
+    removes them, however young; an import then goes on as usual."""
+    from vllm_rbln_fork.paths import upstream_repo_dir
+    from vllm_rbln_fork.pipeline import build_lock
 
-    repo = Repo(tmp_path / "repo.git")
+    monkeypatch.setenv("VLLM_RBLN_FORK_CACHE", str(tmp_path / "cache"))
+    repo = Repo(upstream_repo_dir())
     packs = repo.git_dir / "objects" / "pack"
     packs.mkdir(parents=True, exist_ok=True)
-    old, recent = packs / "tmp_pack_Ab12Cd", packs / "tmp_idx_Ef34Gh"
-    for path in (old, recent):
+    left = [packs / "tmp_pack_Ab12Cd", packs / "tmp_idx_Ef34Gh"]
+    for path in left:
         path.write_bytes(os.urandom(1000))
-    stale = time.time() - UNFINISHED_PACK_AGE - 60
-    os.utime(old, (stale, stale))
 
-    with tree_import(repo) as (importer, tree):
-        unpack_sdist(_sdist(tmp_path / "vllm-1.0.tar.gz", MEMBERS), tmp_path / "src", importer.add)
-
-    assert not old.exists()
-    assert recent.exists()
+    with build_lock():
+        assert [p.exists() for p in left] == [False, False]
+        with tree_import(repo) as (importer, tree):
+            unpack_sdist(_sdist(tmp_path / "vllm-1.0.tar.gz", MEMBERS), tmp_path / "src", importer.add)
     assert tree[0]  # the import itself went on
