@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
-from .errors import FailedProcess
+from .errors import FailedProcess, ForkError
 from .files import held, write_atomic
 
 if TYPE_CHECKING:
@@ -86,6 +86,19 @@ def _pin(repo: git.Repo) -> None:
     write_atomic(Path(repo.git_dir) / "info" / "attributes", ATTRIBUTES, skip_if_same=True)
 
 
+def _refuse_damaged(path: Path) -> None:
+    """``path`` is missing or an empty directory (where a bare repo can be made), else a
+    :class:`ForkError` naming it and the way out."""
+    if path.is_dir() and not any(path.iterdir()):
+        return
+    if path.exists() or path.is_symlink():
+        raise ForkError(
+            f"{path} is there but is not a git repository (no HEAD): a damaged cache repo (a "
+            f"deletion stopped half way, or files put there by hand). It is only a cache, made "
+            f"again from the sources: remove it ('rm -rf {path}') and run the same command again."
+        )
+
+
 def _init(path: Path, bare: bool) -> None:
     import git
 
@@ -98,6 +111,7 @@ def _init(path: Path, bare: bool) -> None:
     try:
         _pin(git.Repo.init(aside, bare=True, initial_branch="main"))
         aside.chmod(0o755)  # mkdtemp makes it 0700; the cache is readable as before
+        _refuse_damaged(path)
         aside.rename(path)  # over an empty directory too
     except BaseException:
         shutil.rmtree(aside, ignore_errors=True)
@@ -128,6 +142,10 @@ class Repo:
 
         self.path = path
         if not (path / "HEAD").exists() and not (path / ".git").exists():
+            if bare:
+                # Checked before the lock too: a bare repo of ours appears whole (below), so a
+                # non-empty one without HEAD is damaged, not one being made.
+                _refuse_damaged(path)
             # Two builds sharing a cache may both find it missing: one makes it, and a bare
             # repo appears whole (made aside, configured, renamed into place).
             with held(path.parent / f".{path.name}.init.lock", f"another process is making {path}"):

@@ -51,3 +51,27 @@ def test_two_processes_make_and_configure_the_same_repos_at_once(tmp_path: Path)
     for i in range(count):
         repo = Repo(tmp_path / f"r{i}.git")
         assert all(repo.out("config", key) == value for key, value in CONFIG.items())
+
+
+def test_a_cache_repo_that_is_not_a_repo_is_an_error_naming_it_and_the_way_out(tmp_path: Path) -> None:
+    """upstream.git there, not empty, with no HEAD (a deletion interrupted half way, files put
+    there by hand): a clear error naming the directory and the way out (it is a cache: remove
+    it), the directory left as it was, and no lock file left beside it."""
+    import pytest
+
+    from vllm_rbln_fork.errors import ForkError
+
+    path = tmp_path / "upstream.git"
+    (path / "objects" / "pack").mkdir(parents=True)
+    (path / "objects" / "pack" / "pack-1.pack").write_bytes(b"left")
+    with pytest.raises(ForkError) as err:
+        Repo(path)
+    message = " ".join(str(err.value).split())
+    assert str(path) in message and "no HEAD" in message and f"rm -rf {path}" in message, message
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["upstream.git"]  # no lock, nothing aside
+    assert (path / "objects" / "pack" / "pack-1.pack").read_bytes() == b"left"
+    # The way out works: removed, it is made again.
+    import shutil
+
+    shutil.rmtree(path)
+    assert Repo(path).out("config", "rerere.enabled") == "true"
