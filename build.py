@@ -178,18 +178,33 @@ def install(python: Path, lock: Path) -> None:
         )
 
 
+class StderrReporter:
+    """vllm_rbln_fork's progress events (here: only files.held's waiting message) on stderr,
+    before the tool env and its rich reporter exist."""
+
+    def phase_start(self, name: str) -> None: ...
+    def phase_end(self, name: str, seconds: float) -> None: ...
+    def progress(self, task: str, done: int, total: int | None) -> None: ...
+    def message(self, level: str, text: str) -> None:
+        print(f"build.py: {text}", file=sys.stderr, flush=True)
+
+
 def ensure_tool_env(env_dir: Path, lock: Path) -> Path:
     python = env_dir / "bin" / "python"
     done = installed_marker(env_dir, lock)
     if done.exists():
         return python
     # Imported only to make an environment: a run that finds it ready re-execs at once.
-    import fcntl
     import shutil
 
-    env_dir.parent.mkdir(parents=True, exist_ok=True)
-    with open(env_dir.parent / f"{env_dir.name}.lock", "w") as held:
-        fcntl.flock(held, fcntl.LOCK_EX)  # another build.py may be installing it
+    # files.held, the one lock between processes: standard library only, so usable here.
+    sys.path.insert(0, str(ROOT))
+    from vllm_rbln_fork import log
+    from vllm_rbln_fork.files import held
+
+    log.set_reporter(StderrReporter())
+    waiting = f"another build.py is making {env_dir}; waiting for it"
+    with held(env_dir.parent / f"{env_dir.name}.lock", waiting):
         if done.exists():
             return python
         if not any(installed_marker(env_dir, REQUIREMENTS / name).exists() for name in LOCKS):

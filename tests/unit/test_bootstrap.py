@@ -95,3 +95,40 @@ def test_pips_no_index_leaves_uv_only_the_local_wheels() -> None:
     assert _bootstrap_module().uv_options(settings) == [
         *("--no-config", "--index-strategy", "unsafe-best-match", "--find-links", "/w", "--no-index")
     ]
+
+
+def test_a_bootstrap_that_waits_for_another_one_says_so(tmp_path: Path) -> None:
+    """Two first runs of build.py at once: one makes the tool env, the other waits on its
+    lock (files.held, the one flock), and says that it waits instead of hanging silently."""
+    import fcntl
+    import time
+
+    bootstrap = _bootstrap_module()
+    env_dir = tmp_path / "tool-envs" / "py-test"
+    lock = ROOT / "requirements" / "build.lock"
+    script = (
+        "import importlib.util, sys\n"
+        "from pathlib import Path\n"
+        f"spec = importlib.util.spec_from_file_location('bootstrap', {str(ROOT / 'build.py')!r})\n"
+        "b = importlib.util.module_from_spec(spec); spec.loader.exec_module(b)\n"
+        f"print(b.ensure_tool_env(Path({str(env_dir)!r}), Path({str(lock)!r})))\n"
+    )
+    env_dir.parent.mkdir(parents=True)
+    stderr = tmp_path / "stderr"
+    with (env_dir.parent / f"{env_dir.name}.lock").open("a") as other:
+        fcntl.flock(other, fcntl.LOCK_EX)  # another build.py is making the env
+        with stderr.open("w") as err:
+            waiting = subprocess.Popen(
+                [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=err, text=True
+            )
+        deadline = time.monotonic() + 60
+        while "waiting" not in stderr.read_text() and time.monotonic() < deadline and waiting.poll() is None:
+            time.sleep(0.1)
+        said = stderr.read_text()
+        # The other one finishes: the env is complete, and the lock is released.
+        env_dir.mkdir()
+        bootstrap.installed_marker(env_dir, lock).write_text(lock.read_text())
+    out, _ = waiting.communicate(timeout=60)
+    assert waiting.returncode == 0, stderr.read_text()
+    assert out.strip() == str(env_dir / "bin" / "python")
+    assert f"another build.py is making {env_dir}; waiting for it" in said, said
