@@ -5,7 +5,7 @@ prompts of 88 tokens = 2 blocks + 3 sub-blocks of 8). Whole-block caching can re
 tokens of it; sub-block caching reuses what the earlier prompt's partial entry covers, by
 copying the partial block before the new request writes into it: all 88 at 0.31.0, 80 from
 0.32.0, whose upstream rule caches a prompt ending on a sub-block boundary one sub-block
-shorter (``tests/support/partial_entries.py``). More hits, and the same tokens: if the
+shorter (``tests/support/upstream_rules.py``). More hits, and the same tokens: if the
 worker's copy were not made (or made wrong), the extending requests would attend to the
 wrong KV and their greedy outputs would differ.
 
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 from engine_kit import BLOCK, NGRAM, RBLN, VOCAB, first_difference, run, variant_site
-from partial_entries import partial_entry_tokens
+from upstream_rules import partial_entry_tokens
 
 rng = random.Random(7)
 

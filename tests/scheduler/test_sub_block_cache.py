@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import sched_harness as h
-from partial_entries import partial_entry_tokens
+from upstream_rules import partial_entry_tokens
 
 BLOCK = h.BLOCK_SIZE  # 16
 # Large enough that a prompt prefills in one step.
@@ -93,7 +93,7 @@ def extends_a(sub_block_size: int, first_len: int, second_len: int) -> tuple[int
         # No shared prefix: no hit.
         (4, 26, 0, 30, 0, False),
         # B extends A's whole prompt: it hits up to A's partial entry (upstream's rule,
-        # tests/support/partial_entries.py: at 0.31.0 the prompt's last sub-block boundary;
+        # tests/support/upstream_rules.py: at 0.31.0 the prompt's last sub-block boundary;
         # from 0.32.0 the last one below its end, one sub-block shorter for a prompt ending
         # on a boundary), copied when that ends inside a block. At 0.31.0 / from 0.32.0:
         # 20 tokens, sub-block 4: 20, copied / 16, a whole block.

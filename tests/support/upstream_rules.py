@@ -1,7 +1,10 @@
-"""Where upstream vLLM caches a prompt's partial (sub-block) prefix-cache entry, per release.
+"""Upstream vLLM's rules that differ between supported pins, as the vLLM tiers expect them.
 
-The rule changed between supported pins, and the vLLM tiers (scheduler, engine) expect each
-pin's own. ``FullAttentionManager._cache_partial_tail_block``
+Each rule is read in the pins' sdists and stated here once, with where it lives; the scheduler
+and engine tiers derive their per-pin expectations from it. Needs only the standard library and
+``packaging``: importable in every test venv.
+
+**Partial prefix-cache entries.** ``FullAttentionManager._cache_partial_tail_block``
 (vllm/v1/core/single_type_kv_cache_manager.py) registers one partial entry per prompt, at a
 hash (sub-block) boundary inside the prompt's last block:
 
@@ -20,9 +23,17 @@ hash (sub-block) boundary inside the prompt's last block:
 So a prompt that ends exactly on a sub-block boundary is cached one sub-block shorter from
 0.32.0, and a later prompt extending it hits one sub-block fewer. Neither the series nor the
 RBLN scheduler touches this method (the sub-block patches open upstream's machinery to a
-single full-attention group; they keep its rules). Read in the three sdists.
+single full-attention group; they keep its rules).
 
-Needs only the standard library and ``packaging``: importable in every test venv.
+**A waiting request stalled on the encoder budget.** When ``Scheduler.schedule()``'s waiting
+loop can schedule none of a request's tokens because its encoder input does not fit
+(``_try_schedule_encoder_inputs`` leaves ``num_new_tokens == 0``):
+
+* 0.31.0 and 0.32.0 end the waiting pass there (``break``): the request stays at the head of
+  its queue, uncounted, and every request behind it waits too;
+* 0.33.0 requeues it through ``skip_request`` (counted in ``deferred_waiting``, put back on
+  the queue it came from) and goes on to the next request ("Requeue it so it does not stall
+  the requests behind it"; upstream's ``test_waiting_encoder_stall_*``).
 """
 
 from __future__ import annotations
@@ -35,6 +46,13 @@ from packaging.version import Version
 def installed_vllm_release() -> tuple[int, ...]:
     """The release of the vLLM installed here (``0.32.0+rbln.4`` -> ``(0, 32, 0)``)."""
     return Version(version("vllm")).release
+
+
+def stall_requeues(release: tuple[int, ...] | None = None) -> bool:
+    """Whether ``release`` (default: the installed vLLM) requeues a waiting request stalled on
+    the encoder budget and goes on (0.33.0 and later) rather than ending the pass (0.31.0,
+    0.32.0)."""
+    return (installed_vllm_release() if release is None else release) >= (0, 33)
 
 
 def resend_limited(release: tuple[int, ...] | None = None) -> bool:
