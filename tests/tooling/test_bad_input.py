@@ -156,7 +156,9 @@ class _Reporting:
         self.queue.put((self.name, "phase", phase, time.monotonic()))
 
     def phase_end(self, phase: str, seconds: float) -> None:
-        pass
+        # Stamped as the phase ends, inside the build lock ("done" is stamped after build()
+        # returns, when the lock is already free and the other build may have begun).
+        self.queue.put((self.name, "phase_end", phase, time.monotonic()))
 
     def message(self, level: str, text: str) -> None:
         self.queue.put((self.name, level, text, time.monotonic()))
@@ -207,7 +209,7 @@ def test_two_builds_at_once_are_serialised(fork, isolated_cache) -> None:
             wait_for(lambda e, n=name: e[0] == n and "waiting for it to finish" in e[2], f"{name} to wait")
         time.sleep(1)
         assert all(p.is_alive() for p in procs.values())
-        assert not [e for e in events if e[1] in ("phase", "done")]  # neither started its work
+        assert not [e for e in events if e[1] in ("phase", "phase_end", "done")]  # neither started its work
     for p in procs.values():
         p.join(timeout=240)
     assert [p.exitcode for p in procs.values()] == [0, 0]
@@ -216,7 +218,7 @@ def test_two_builds_at_once_are_serialised(fork, isolated_cache) -> None:
     spans = {
         name: (
             min(e[3] for e in events if e[0] == name and e[1] == "phase"),
-            next(e[3] for e in events if e[0] == name and e[1] == "done"),
+            max(e[3] for e in events if e[0] == name and e[1] == "phase_end"),
         )
         for name in procs
     }
