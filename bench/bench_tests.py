@@ -1,6 +1,7 @@
 """Benchmark: where the test loop's time goes, old way against new way, in the same run.
 
-    python bench/bench_tests.py [--pin 0.31.0] [--repeat 2]
+    python bench/bench_tests.py [--pin 0.31.0] [--repeat 2] [--only loop,conformance,variant]
+                                [--old REV] [--new REV]
 
 Needs a build cache where ``python build.py test --pin PIN --tier scheduler`` has run (its
 vLLM test venv, patched and unpatched trees); ``VLLM_RBLN_FORK_CACHE`` picks it. Measures,
@@ -11,13 +12,24 @@ alternating old and new ``--repeat`` times, and prints medians and new/old ratio
   (old) and with the conformance plugin that skips it (new): wall time and the CPU time of
   the processes (user + system), the figure that load on a shared machine disturbs least;
 * variant tree: a full ``git checkout-index`` of the patched commit (old) against a hard-linked
-  copy of the patched tree (new), as ``runner.variant_trees`` makes it.
+  copy of the patched tree (new), as ``runner.variant_trees`` makes it;
+* patch-edit loop (issue 12, goal 3c: under 2 minutes on a warm machine): in a scratch clone of
+  this repository at each of two commits (``--old``, default ``main``; ``--new``, default
+  ``HEAD``: uncommitted changes are not measured), the way a maintainer edits one RBLN patch:
+  ``build.py checkout`` once (not timed), then each time a one-line change to the RBLN
+  scheduler committed as a fixup of the last patch that changes it, ``git rebase
+  --autosquash``, ``build.py export`` (timed as "edit"), and ``build.py test --tier scheduler
+  --pin PIN`` (timed as "test": the wheel build, its trees, the wheel's install into the warm
+  test venv, the tests). Each
+  checkout's test venv is warmed first by an untimed collect-only run. The trees and wheels
+  each edit makes are removed from the cache after it.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import resource
 import shutil
 import statistics
@@ -106,6 +118,129 @@ def variant_tree(pin: str, repeat: int) -> None:
         _report("variant tree", repeat, checkout, linked)
 
 
+def _git(*args: str | Path, cwd: Path) -> str:
+    return subprocess.run(
+        ["git", *map(str, args)], cwd=cwd, check=True, capture_output=True, text=True
+    ).stdout
+
+
+def _build_py(clone: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in (bootstrap.MARKER, "PYTHONPATH")}
+    command = [sys.executable, str(clone / "build.py"), *args]
+    return subprocess.run(command, cwd=clone, env=env, capture_output=True, text=True, check=False)
+
+
+class Loop:
+    """One checkout's patch-edit loop, in a scratch clone of its HEAD."""
+
+    FILE = "vllm/v1/core/sched/rbln_scheduler.py"  # edited in the last patch that touches it
+
+    def __init__(self, label: str, rev: str, scratch: Path, pin: str) -> None:
+        self.label, self.pin = label, pin
+        self.clone = scratch / label
+        head = _git("rev-parse", "--verify", f"{rev}^{{commit}}", cwd=PROJECT_ROOT).strip()
+        _git("clone", "--quiet", "--no-checkout", PROJECT_ROOT, self.clone, cwd=scratch)
+        _git("checkout", "--quiet", "--detach", head, cwd=self.clone)
+        self.head = head[:10]
+        self.tree = self.clone / "work" / "loop"
+        done = _build_py(self.clone, "checkout", "--pin", pin, "--dir", str(self.tree))
+        if done.returncode != 0:
+            sys.exit(f"bench: build.py checkout failed in {self.clone}:\n{done.stdout}{done.stderr}")
+        self._find_patch()
+        # The checkout's test venv made and warm (and its wheel installed): not timed.
+        _build_py(self.clone, "test", "--tier", "scheduler", "--pin", pin, "--", "--collect-only", "-q")
+        self.edits = 0
+
+    def _find_patch(self) -> None:
+        """The last commit of the series that changes FILE: a line appended there conflicts
+        with no later patch."""
+        found = _git(
+            "log", "-1", "--format=%H %s", f"upstream/v{self.pin}..HEAD", "--", self.FILE, cwd=self.tree
+        )
+        if not found:
+            sys.exit(f"bench: no patch of {self.tree} changes {self.FILE}")
+        self.patch_commit, _, self.subject = found.strip().partition(" ")
+
+    def edit(self) -> None:
+        """A one-line change to the RBLN scheduler, folded into its patch, and exported."""
+        self.edits += 1
+        path = self.tree / self.FILE
+        path.write_text(path.read_text() + f"# bench edit {self.label} {self.edits} {time.time_ns()}\n")
+        _git("commit", "--quiet", "-a", f"--fixup={self.patch_commit}", cwd=self.tree)
+        env = {**os.environ, "GIT_SEQUENCE_EDITOR": "true"}
+        subprocess.run(
+            ["git", "rebase", "--quiet", "-i", "--autosquash", f"upstream/v{self.pin}"],
+            cwd=self.tree,
+            env=env,
+            check=True,
+            capture_output=True,
+        )
+        self._find_patch()
+        done = _build_py(self.clone, "export", "--dir", str(self.tree))
+        if done.returncode != 0:
+            sys.exit(f"bench: build.py export failed in {self.clone}:\n{done.stdout}{done.stderr}")
+
+    def test(self) -> dict[str, float]:
+        """The scheduler tier at the pin; its setup and test seconds, and the wheel's install."""
+        made = {d: set(d.iterdir()) for d in _made_per_edit()}
+        start = time.perf_counter()
+        done = _build_py(self.clone, "test", "--tier", "scheduler", "--pin", self.pin)
+        run = time.perf_counter() - start
+        for d, before in made.items():  # this edit's trees and wheels: not kept
+            for path in set(d.iterdir()) - before:
+                shutil.rmtree(path) if path.is_dir() else path.unlink()
+        if done.returncode != 0:
+            output = done.stdout[-5000:] + done.stderr[-5000:]
+            sys.exit(f"bench: the scheduler tier failed in {self.clone}:\n{output}")
+        figures = {"run": run}
+        found = re.search(r"^whole run: (\d+) s wall", done.stdout, re.MULTILINE)
+        figures["whole"] = float(found.group(1)) if found else float("nan")
+        for row in ("setup", "scheduler"):
+            found = re.search(rf"^{row}\s+(\d+) s", done.stdout, re.MULTILINE)
+            figures[row] = float(found.group(1)) if found else float("nan")
+        found = re.search(
+            r"^\s+install \S+ into the test venv: ([\d.]+) s", done.stdout + done.stderr, re.MULTILINE
+        )
+        figures["install"] = float(found.group(1)) if found else float("nan")
+        return figures
+
+
+def _made_per_edit() -> list[Path]:
+    return [d for d in (cache_root() / "test-trees", cache_root() / "wheels") if d.is_dir()]
+
+
+def patch_loop(pin: str, repeat: int, old: str, new: str) -> None:
+    with tempfile.TemporaryDirectory(prefix="bench-loop-", dir=cache_root()) as tmp:
+        loops = [Loop("old", old, Path(tmp), pin), Loop("new", new, Path(tmp), pin)]
+        seen: dict[str, list[dict[str, float]]] = {loop.label: [] for loop in loops}
+        for _ in range(repeat):
+            for loop in loops:
+                edit, _ = _timed(loop.edit)
+                figures = loop.test()
+                test = figures.pop("run")
+                seen[loop.label].append({"edit": edit, "test": test, "total": edit + test, **figures})
+                print(
+                    f"  {loop.label} ({loop.head}): edit+export {edit:.1f} s, build.py test {test:.1f} s "
+                    f"(its whole run {figures['whole']:.0f} s: setup {figures['setup']:.0f} s, of it the "
+                    f"wheel's install "
+                    f"{figures['install']:.1f} s; tests {figures['scheduler']:.0f} s), "
+                    f"load average {os.getloadavg()[0]:.1f}",
+                    flush=True,
+                )
+        med = {
+            label: {k: statistics.median(r[k] for r in runs) for k in runs[0]} for label, runs in seen.items()
+        }
+        o, n = med["old"], med["new"]
+        print(
+            f"patch-edit loop at {pin} (target < 120 s): old {o['total']:.1f} s, new {n['total']:.1f} s, "
+            f"new/old {n['total'] / o['total']:.3f}; wheel install old {o['install']:.1f} s, new "
+            f"{n['install']:.1f} s; setup new/old {n['setup'] / o['setup']:.3f}; tests new/old "
+            f"{n['scheduler'] / o['scheduler']:.3f} (median of {repeat}, "
+            f"load average {os.getloadavg()[0]:.1f})",
+            flush=True,
+        )
+
+
 def _report(what: str, repeat: int, old: Callable[[], None], new: Callable[[], None]) -> None:
     olds, news = [], []
     for _ in range(repeat):
@@ -127,9 +262,19 @@ def main() -> None:
     )
     parser.add_argument("--pin", default="0.31.0")
     parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument(
+        "--only", default="variant,conformance,loop", help="a comma list of variant, conformance, loop"
+    )
+    parser.add_argument("--old", default="main", help="the loop's baseline commit (default: main)")
+    parser.add_argument("--new", default="HEAD", help="the loop's commit under test (default: HEAD)")
     args = parser.parse_args()
-    variant_tree(args.pin, args.repeat)
-    conformance(args.pin, args.repeat)
+    wanted = set(args.only.split(","))
+    if "variant" in wanted:
+        variant_tree(args.pin, args.repeat)
+    if "conformance" in wanted:
+        conformance(args.pin, args.repeat)
+    if "loop" in wanted:
+        patch_loop(args.pin, args.repeat, args.old, args.new)
 
 
 if __name__ == "__main__":
