@@ -38,12 +38,14 @@ def make_wheel(
     body: str = "",
     requires_python: str = REQUIRES_PYTHON,
     tag: str = "py3-none-any",
+    requires: Sequence[str] = (),
 ) -> Path:
     """A tiny wheel named like ours: ``vllm-<version>-<tag>.whl`` (pure unless ``tag`` says
     otherwise; a binary tag changes only the name and WHEEL, as a stand-in for our binary wheel).
 
     It holds ``vllm/__init__.py`` and ``vllm/_rbln_build.py`` (a MANIFEST, as the real
-    build writes); ``body`` changes the bytes without changing the name.
+    build writes); ``body`` changes the bytes without changing the name; ``requires`` are its
+    ``Requires-Dist``.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     src = out_dir / f"src-{version}-{abs(hash(body))}"
@@ -59,6 +61,7 @@ def make_wheel(
     (dist_info / "METADATA").write_text(
         "Metadata-Version: 2.1\nName: vllm\n"
         f"Version: {version}\nSummary: synthetic test wheel\nRequires-Python: {requires_python}\n"
+        + "".join(f"Requires-Dist: {r}\n" for r in requires)
     )
     (dist_info / "WHEEL").write_text(
         f"Wheel-Version: 1.0\nGenerator: indexkit\nRoot-Is-Purelib: {str(tag == 'py3-none-any').lower()}\n"

@@ -109,13 +109,32 @@ def vllm_venv(wheel: Path, lock: Path) -> Iterator[Path]:
         digest = sha256_of(wheel)
         if not installed.exists() or installed.read_text() != digest:
             with log.phase(f"install {wheel.name} into the test venv"):
-                proc.run([python, "-m", "pip", "install", "--quiet", "--force-reinstall", "--no-deps", wheel])
-                proc.run(
-                    [python, "-m", "pip", "check"],
-                    hint=f"the wheel needs a dependency missing from {lock.name}; add it there.",
-                )
+                install_wheel(python, wheel, lock)
                 installed.write_text(digest)
         yield python
+
+
+def install_wheel(python: Path, wheel: Path, lock: Path) -> None:
+    """Put ``wheel`` in place of the venv's vllm, its dependencies left as the lock installed
+    them, then check they still satisfy it (``pip check``).
+
+    With uv (the test lock has it): 0.5-3 s, where pip took 10-40 s (6-8 s of CPU), most of
+    it compiling the wheel's 2,500 modules. uv compiles none (``--compile-bytecode`` costs 5 s
+    of CPU): importing vLLM's test harness with the installed vllm's bytecode saves 0.2 s of
+    CPU a process (8.8 against 8.5 s, measured), and the tier has three such processes. pip
+    where uv's binary is missing."""
+    hint = f"the wheel needs a dependency missing from {lock.name}; add it there."
+    try:
+        from uv import find_uv_bin
+
+        uv = [find_uv_bin(), "pip"]
+    except (ImportError, FileNotFoundError):
+        proc.run([python, "-m", "pip", "install", "--quiet", "--force-reinstall", "--no-deps", wheel])
+        proc.run([python, "-m", "pip", "check"], hint=hint)
+        return
+    target = ["--python", str(python), "--quiet", "--no-config"]
+    proc.run([*uv, "install", *target, "--offline", "--no-deps", "--reinstall-package", "vllm", str(wheel)])
+    proc.run([*uv, "check", *target], hint=hint)
 
 
 def check_tier_paths(tiers: list[str], root: Path = PROJECT_ROOT) -> None:
