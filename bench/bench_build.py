@@ -1,7 +1,7 @@
 """Benchmark: the first run, the warm run and the cold build, each beside its baseline.
 
     python bench/bench_build.py [--pin 0.31.0] [--pairs 4] [--warm 5] [--only first,warm,cold]
-                                [--root CHECKOUT] [--scratch DIR] [--sdist FILE]
+                                [--root CHECKOUT] [--against CHECKOUT] [--scratch DIR] [--sdist FILE]
 
 Standard library only, and it runs ``build.py`` of ``--root`` (default: this checkout) as a
 user does, through the bootstrap, so the same script measures another checkout (``main``
@@ -18,7 +18,10 @@ downloads are excluded from every figure.
    ``VLLM_TARGET_DEVICE=empty``. One of each (a first run is only first once).
 2. **Warm run** (goal 2: at most 0.5 s, an absolute target). ``build.py --pin <pin>``
    again on a warm cache (a hit on a locked pin), bootstrap re-exec included: median of
-   ``--warm`` runs, beside the baseline of starting the interpreter alone.
+   ``--warm`` runs, beside the baseline of starting the interpreter alone, each as wall time
+   and as CPU time (user + system of both processes: the figure load on a shared machine
+   disturbs least), with the load average. With ``--against`` another checkout (``main``
+   before a change), its runs alternate with ``--root``'s, and the ratios are printed.
 3. **Cold build** (goal 4: at most 1.1x). Ours: ``build.py --pin <pin> --source <sdist>``
    with an empty build cache (the tool env warm). Baseline: unpack the same sdist and
    ``pip wheel --no-build-isolation`` in the by-hand venv. Alternating pairs; the
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -44,15 +48,26 @@ HERE = Path(__file__).resolve().parent.parent
 MARKER = "VLLM_RBLN_FORK_BOOTSTRAPPED"
 
 
+def children_cpu() -> float:
+    """CPU time (user + system) of this process's finished children."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def run(cmd: list[str], env: dict[str, str], cwd: Path | None = None) -> float:
     """Run ``cmd`` (output kept, shown only on failure); return its wall time."""
-    start = time.perf_counter()
+    return run_cpu(cmd, env, cwd)[0]
+
+
+def run_cpu(cmd: list[str], env: dict[str, str], cwd: Path | None = None) -> tuple[float, float]:
+    """Run ``cmd`` (output kept, shown only on failure); return its wall and CPU time."""
+    start, cpu = time.perf_counter(), children_cpu()
     done = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, check=False)
-    elapsed = time.perf_counter() - start
+    elapsed, cpu = time.perf_counter() - start, children_cpu() - cpu
     if done.returncode != 0:
         command = " ".join(map(str, cmd))
         sys.exit(f"bench: {command} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
-    return elapsed
+    return elapsed, cpu
 
 
 DROPPED = (MARKER, "PYTHONPATH", "VIRTUAL_ENV", "PYTHONDONTWRITEBYTECODE")
@@ -145,16 +160,49 @@ def first_run(root: Path, scratch: Path, sdist: Path, pin: str) -> tuple[float, 
     return ours, by_hand, python, detail
 
 
-def warm_runs(root: Path, scratch: Path, sdist: Path, pin: str, n: int) -> tuple[list[float], list[float]]:
-    cache = scratch / "warm-cache"
-    seed_cache(cache, sdist)
-    env = base_env(VLLM_RBLN_FORK_CACHE=str(cache))
-    cmd = [sys.executable, str(root / "build.py"), "--pin", pin]
-    run(cmd, env, cwd=root)  # fills the cache (not timed)
-    ours = [run(cmd, env, cwd=root) for _ in range(n)]
-    bare = [run([sys.executable, "-c", "pass"], env) for _ in range(n)]
-    shutil.rmtree(cache, ignore_errors=True)
-    return ours, bare
+Timed = tuple[float, float]  # wall, CPU
+
+
+def warm_runs(roots: list[Path], scratch: Path, sdist: Path, pin: str, n: int) -> list[list[Timed]]:
+    """``n`` warm hits of each root's build.py, interleaved, then ``n`` bare interpreter starts."""
+    cmds, envs = [], []
+    for i, root in enumerate(roots):
+        cache = scratch / f"warm-cache-{i}"
+        seed_cache(cache, sdist)
+        envs.append(base_env(VLLM_RBLN_FORK_CACHE=str(cache)))
+        cmds.append([sys.executable, str(root / "build.py"), "--pin", pin])
+        run(cmds[-1], envs[-1], cwd=root)  # fills the cache (not timed)
+        run(cmds[-1], envs[-1], cwd=root)  # and writes the bytecode a first hit imports
+    timed: list[list[Timed]] = [[] for _ in roots]
+    for _ in range(n):
+        for i, root in enumerate(roots):
+            timed[i].append(run_cpu(cmds[i], envs[i], cwd=root))
+    timed.append([run_cpu([sys.executable, "-c", "pass"], envs[0]) for _ in range(n)])
+    for i in range(len(roots)):
+        shutil.rmtree(scratch / f"warm-cache-{i}", ignore_errors=True)
+    return timed
+
+
+def warm_lines(roots: list[Path], timed: list[list[Timed]]) -> list[str]:
+    runs = timed[:-1]
+    med = [(statistics.median(w for w, _ in t), statistics.median(c for _, c in t)) for t in timed]
+    lines = []
+    for root, t, (_, cpu) in zip(roots, runs, med, strict=False):
+        lines.append(
+            f"2. warm run    {root.name} (git {_head(root)}): {spread([w for w, _ in t])} s over {len(t)} "
+            f"(target <= 0.5 s), CPU median {cpu:.3f} s"
+        )
+    lines.append(
+        f"                python -c pass: median {med[-1][0]:.3f} s, CPU {med[-1][1]:.3f} s; "
+        f"load average {os.getloadavg()[0]:.1f}"
+    )
+    if len(runs) == 2:
+        (new_w, new_c), (old_w, old_c) = med[0], med[1]
+        lines.append(
+            f"                {roots[0].name} / {roots[1].name}: wall {new_w / old_w:.3f}, "
+            f"CPU {new_c / old_c:.3f}"
+        )
+    return lines
 
 
 def cold_pairs(
@@ -201,6 +249,7 @@ def main() -> None:
     parser.add_argument("--warm", type=int, default=5, help="warm runs")
     parser.add_argument("--only", default="first,warm,cold", help="a comma list of first, warm, cold")
     parser.add_argument("--root", type=Path, default=HERE, help="the checkout whose build.py is measured")
+    parser.add_argument("--against", type=Path, help="a checkout to alternate with --root in the warm run")
     parser.add_argument("--scratch", type=Path, help="where the temporary caches go (default: a temp dir)")
     parser.add_argument("--sdist", type=Path, help="the pin's sdist (default: the build cache's download)")
     args = parser.parse_args()
@@ -221,11 +270,8 @@ def main() -> None:
             )
             lines.append(f"                {detail}")
         if "warm" in wanted:
-            ours_w, bare = warm_runs(root, scratch, sdist, args.pin, args.warm)
-            lines.append(
-                f"2. warm run    {spread(ours_w)} s over {len(ours_w)} (target <= 0.5 s); "
-                f"python -c pass: median {statistics.median(bare):.3f} s"
-            )
+            roots = [root] + ([args.against.resolve()] if args.against else [])
+            lines += warm_lines(roots, warm_runs(roots, scratch, sdist, args.pin, args.warm))
         if "cold" in wanted:
             if python is None:
                 python, _, _ = by_hand_env(scratch, sdist, args.pin)

@@ -19,10 +19,10 @@ alternating old and new ``--repeat`` times, and prints medians and new/old ratio
   ``build.py checkout`` once (not timed), then each time a one-line change to the RBLN
   scheduler committed as a fixup of the last patch that changes it, ``git rebase
   --autosquash``, ``build.py export`` (timed as "edit"), and ``build.py test --tier scheduler
-  --pin PIN`` (timed as "test": the wheel build, its trees, the wheel's install into the warm
-  test venv, the tests). Each
-  checkout's test venv is warmed first by an untimed collect-only run. The trees and wheels
-  each edit makes are removed from the cache after it.
+  --pin PIN`` (timed as "test", wall and CPU: the wheel build, its trees, the wheel's install
+  into the warm test venv, the tests). Each checkout's test venv is warmed first by an
+  untimed collect-only run. The trees and wheels each edit makes are removed from the cache
+  after it.
 """
 
 from __future__ import annotations
@@ -183,16 +183,16 @@ class Loop:
     def test(self) -> dict[str, float]:
         """The scheduler tier at the pin; its setup and test seconds, and the wheel's install."""
         made = {d: set(d.iterdir()) for d in _made_per_edit()}
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), _children_cpu()
         done = _build_py(self.clone, "test", "--tier", "scheduler", "--pin", self.pin)
-        run = time.perf_counter() - start
+        run, cpu = time.perf_counter() - start, _children_cpu() - cpu
         for d, before in made.items():  # this edit's trees and wheels: not kept
             for path in set(d.iterdir()) - before:
                 shutil.rmtree(path) if path.is_dir() else path.unlink()
         if done.returncode != 0:
             output = done.stdout[-5000:] + done.stderr[-5000:]
             sys.exit(f"bench: the scheduler tier failed in {self.clone}:\n{output}")
-        figures = {"run": run}
+        figures = {"run": run, "cpu": cpu}
         found = re.search(r"^whole run: (\d+) s wall", done.stdout, re.MULTILINE)
         figures["whole"] = float(found.group(1)) if found else float("nan")
         for row in ("setup", "scheduler"):
@@ -223,7 +223,8 @@ def patch_loop(pin: str, repeat: int, old: str, new: str) -> None:
                     f"  {loop.label} ({loop.head}): edit+export {edit:.1f} s, build.py test {test:.1f} s "
                     f"(its whole run {figures['whole']:.0f} s: setup {figures['setup']:.0f} s, of it the "
                     f"wheel's install "
-                    f"{figures['install']:.1f} s; tests {figures['scheduler']:.0f} s), "
+                    f"{figures['install']:.1f} s; tests {figures['scheduler']:.0f} s; "
+                    f"CPU {figures['cpu']:.0f} s), "
                     f"load average {os.getloadavg()[0]:.1f}",
                     flush=True,
                 )
@@ -233,7 +234,8 @@ def patch_loop(pin: str, repeat: int, old: str, new: str) -> None:
         o, n = med["old"], med["new"]
         print(
             f"patch-edit loop at {pin} (target < 120 s): old {o['total']:.1f} s, new {n['total']:.1f} s, "
-            f"new/old {n['total'] / o['total']:.3f}; wheel install old {o['install']:.1f} s, new "
+            f"new/old {n['total'] / o['total']:.3f}, CPU new/old {n['cpu'] / o['cpu']:.3f}; "
+            f"wheel install old {o['install']:.1f} s, new "
             f"{n['install']:.1f} s; setup new/old {n['setup'] / o['setup']:.3f}; tests new/old "
             f"{n['scheduler'] / o['scheduler']:.3f} (median of {repeat}, "
             f"load average {os.getloadavg()[0]:.1f})",
