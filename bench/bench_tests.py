@@ -1,6 +1,6 @@
 """Benchmark: where the test loop's time goes, old way against new way, in the same run.
 
-    python bench/bench_tests.py [--pin 0.31.0] [--repeat 2] [--only loop,conformance,variant]
+    python bench/bench_tests.py [--pin 0.31.0] [--repeat 2] [--only tooling,loop,conformance,variant]
                                 [--old REV] [--new REV]
 
 Needs a build cache where ``python build.py test --pin PIN --tier scheduler`` has run (its
@@ -13,6 +13,8 @@ alternating old and new ``--repeat`` times, and prints medians and new/old ratio
   the processes (user + system), the figure that load on a shared machine disturbs least;
 * variant tree: a full ``git checkout-index`` of the patched commit (old) against a hard-linked
   copy of the patched tree (new), as ``runner.variant_trees`` makes it;
+* tooling tier (issue 12, goal 3a: under 45 s): ``build.py test --tier tooling`` in a scratch
+  clone of each of the two commits below, alternating, wall and CPU time;
 * patch-edit loop (issue 12, goal 3c: under 2 minutes on a warm machine): in a scratch clone of
   this repository at each of two commits (``--old``, default ``main``; ``--new``, default
   ``HEAD``: uncommitted changes are not measured), the way a maintainer edits one RBLN patch:
@@ -138,10 +140,7 @@ class Loop:
     def __init__(self, label: str, rev: str, scratch: Path, pin: str) -> None:
         self.label, self.pin = label, pin
         self.clone = scratch / label
-        head = _git("rev-parse", "--verify", f"{rev}^{{commit}}", cwd=PROJECT_ROOT).strip()
-        _git("clone", "--quiet", "--no-checkout", PROJECT_ROOT, self.clone, cwd=scratch)
-        _git("checkout", "--quiet", "--detach", head, cwd=self.clone)
-        self.head = head[:10]
+        self.head = _clone(rev, self.clone)
         self.tree = self.clone / "work" / "loop"
         done = _build_py(self.clone, "checkout", "--pin", pin, "--dir", str(self.tree))
         if done.returncode != 0:
@@ -205,6 +204,45 @@ class Loop:
         return figures
 
 
+def _clone(rev: str, dest: Path) -> str:
+    """A scratch clone of this repository at ``rev``; its short commit id."""
+    head = _git("rev-parse", "--verify", f"{rev}^{{commit}}", cwd=PROJECT_ROOT).strip()
+    _git("clone", "--quiet", "--no-checkout", PROJECT_ROOT, dest, cwd=dest.parent)
+    _git("checkout", "--quiet", "--detach", head, cwd=dest)
+    return head[:10]
+
+
+def tooling_tier(repeat: int, old: str, new: str) -> None:
+    with tempfile.TemporaryDirectory(prefix="bench-tooling-", dir=cache_root()) as tmp:
+        clones = {label: Path(tmp) / label for label in ("old", "new")}
+        heads = {label: _clone(rev, clones[label]) for label, rev in (("old", old), ("new", new))}
+        seen: dict[str, list[tuple[float, float]]] = {"old": [], "new": []}
+        for _ in range(repeat):
+            for label, clone in clones.items():
+                start, cpu = time.perf_counter(), _children_cpu()
+                done = _build_py(clone, "test", "--tier", "tooling")
+                wall, cpu = time.perf_counter() - start, _children_cpu() - cpu
+                if done.returncode != 0:
+                    sys.exit(f"bench: the tooling tier failed in {clone}:\n{done.stdout[-5000:]}")
+                found = re.search(r"^(\d+) passed", done.stdout, re.MULTILINE)
+                seen[label].append((wall, cpu))
+                print(
+                    f"  {label} ({heads[label]}): {wall:.1f} s wall, {cpu:.1f} s CPU, "
+                    f"{found.group(1) if found else '?'} passed, load average {os.getloadavg()[0]:.1f}",
+                    flush=True,
+                )
+        (o_wall, o_cpu), (n_wall, n_cpu) = (
+            (statistics.median(w for w, _ in seen[k]), statistics.median(c for _, c in seen[k]))
+            for k in ("old", "new")
+        )
+        print(
+            f"tooling tier (target < 45 s): old {o_wall:.1f} s wall / {o_cpu:.1f} s CPU, new {n_wall:.1f} s "
+            f"wall / {n_cpu:.1f} s CPU; new/old wall {n_wall / o_wall:.3f}, CPU {n_cpu / o_cpu:.3f} "
+            f"(median of {repeat}, load average {os.getloadavg()[0]:.1f})",
+            flush=True,
+        )
+
+
 def _made_per_edit() -> list[Path]:
     return [d for d in (cache_root() / "test-trees", cache_root() / "wheels") if d.is_dir()]
 
@@ -265,12 +303,20 @@ def main() -> None:
     parser.add_argument("--pin", default="0.31.0")
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument(
-        "--only", default="variant,conformance,loop", help="a comma list of variant, conformance, loop"
+        "--only",
+        default="variant,conformance,loop",
+        help="a comma list of tooling, variant, conformance, loop",
     )
-    parser.add_argument("--old", default="main", help="the loop's baseline commit (default: main)")
-    parser.add_argument("--new", default="HEAD", help="the loop's commit under test (default: HEAD)")
+    parser.add_argument(
+        "--old", default="main", help="the baseline commit of tooling and loop (default: main)"
+    )
+    parser.add_argument(
+        "--new", default="HEAD", help="the commit under test of tooling and loop (default: HEAD)"
+    )
     args = parser.parse_args()
     wanted = set(args.only.split(","))
+    if "tooling" in wanted:
+        tooling_tier(args.repeat, args.old, args.new)
     if "variant" in wanted:
         variant_tree(args.pin, args.repeat)
     if "conformance" in wanted:
