@@ -14,7 +14,6 @@ import http.server
 import io
 import sys
 import tarfile
-import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +23,7 @@ import pytest
 # The suite has no packages (--import-mode=importlib): shared test kits live in tests/support.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
 from checks import recorder  # noqa: F401 (a fixture)
+from indexkit import served
 from synthetic_upstream import GATE_1_0
 
 from vllm_rbln_fork.gitrepo import Repo
@@ -192,13 +192,11 @@ def index_server(tmp_path: Path) -> Iterator[SyntheticIndex]:
     root.mkdir()
     handler = lambda *a, **k: _QuietHandler(*a, directory=str(root), **k)  # noqa: E731
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    index = SyntheticIndex(root, f"http://127.0.0.1:{server.server_address[1]}/simple/")
-    for version in FILES:
-        index.publish(make_sdist(version, tmp_path))
-    yield index
-    server.shutdown()
+    with served(server):
+        index = SyntheticIndex(root, f"http://127.0.0.1:{server.server_address[1]}/simple/")
+        for version in FILES:
+            index.publish(make_sdist(version, tmp_path))
+        yield index
 
 
 @pytest.fixture(autouse=True)

@@ -301,7 +301,6 @@ def test_check_index_names_the_page_to_check_before_an_upload(fork, tmp_path, mo
     """--check-index: a server whose pages are not at <URL>/simple/ (devpi, Artifactory) is
     still checked for the file, so a different file of the same name stops the upload."""
     import http.server
-    import threading
 
     from vllm_rbln_fork import cli
     from vllm_rbln_fork.project import Project
@@ -311,14 +310,11 @@ def test_check_index_names_the_page_to_check_before_an_upload(fork, tmp_path, mo
     publish(kit.make_wheel(tmp_path / "other", "1.0+rbln.1", body="# another build"), str(pages))
     handler = lambda *a, **k: http.server.SimpleHTTPRequestHandler(*a, directory=str(pages), **k)  # noqa: E731
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
+    with kit.served(server):
         check = f"http://127.0.0.1:{server.server_address[1]}/simple/"
         upload = f"http://127.0.0.1:{kit.free_port()}/"  # never reached: the check stops it first
         args = ["--pin", "1.0", "--index-url", fork.index.url, "--publish", upload, "--check-index", check]
         assert cli.main(args) == 2
-    finally:
-        server.shutdown()
     err = " ".join(capsys.readouterr().err.split())
     assert "already has vllm-1.0+rbln.1-py3-none-any.whl with different bytes" in err
     assert "Nothing was uploaded" in err
@@ -340,7 +336,6 @@ def test_an_upload_whose_index_cannot_be_read_is_refused_not_made_blind(
     names the page and --check-index. A wrong page root (a 404 for the index itself, not only
     for the project) is not read as "a new project"."""
     import http.server
-    import threading
 
     from vllm_rbln_fork.errors import IndexUnreachable
 
@@ -366,14 +361,11 @@ def test_an_upload_whose_index_cannot_be_read_is_refused_not_made_blind(
     monkeypatch.setenv("TWINE_USERNAME", "release-bot")
     monkeypatch.setenv("TWINE_PASSWORD", "pw")
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Server)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
+    with kit.served(server):
         upload = f"http://127.0.0.1:{server.server_address[1]}/"
         check = f"http://127.0.0.1:{kit.free_port()}/simple/" if pages == "nothing listens" else None
         with pytest.raises(IndexUnreachable) as err:
             publish(wheel, upload, index_url=check)
-    finally:
-        server.shutdown()
     assert [m for m, _ in seen if m == "POST"] == []  # nothing was uploaded
     message = " ".join(str(err.value).split())
     assert (check or f"{upload}simple/") in message and "--check-index" in message
