@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import tomli_w
 from packaging.version import InvalidVersion, Version
 
 from .errors import BadPin, ForkError, SourceHashMismatch
@@ -143,4 +142,6 @@ class PinsLock:
             "vllm": vllm if vllm is not None else self._read(),
             "base-wheel": base_wheel if base_wheel is not None else self._read("base-wheel"),
         }
+        import tomli_w  # here: most runs only read pins.lock
+
         write_atomic(self.path, header + tomli_w.dumps({k: v for k, v in tables.items() if v}))

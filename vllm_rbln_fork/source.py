@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import tarfile
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -125,6 +124,8 @@ def unpack_sdist(sdist: Path, dest: Path, sink: FileSink | None = None) -> tuple
     The epoch is the newest mtime among the sdist's members: a fact of the release,
     the same on every machine.
     """
+    import tarfile  # here: a cache hit reads no sdist, and need not import it
+
     top: str | None = None
     epoch = 0
     made: set[str] = set()
