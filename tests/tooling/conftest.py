@@ -9,12 +9,15 @@ in a PEP 503 folder served on 127.0.0.1, and a fork project in a temp dir.
 
 from __future__ import annotations
 
+import contextvars
 import hashlib
 import http.server
 import io
+import shutil
 import sys
 import tarfile
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -186,16 +189,71 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
         pass
 
 
-@pytest.fixture
-def index_server(tmp_path: Path) -> Iterator[SyntheticIndex]:
-    root = tmp_path / "index"
-    root.mkdir()
+@contextmanager
+def _serving(root: Path) -> Iterator[SyntheticIndex]:
     handler = lambda *a, **k: _QuietHandler(*a, directory=str(root), **k)  # noqa: E731
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     with served(server):
-        index = SyntheticIndex(root, f"http://127.0.0.1:{server.server_address[1]}/simple/")
-        for version in FILES:
-            index.publish(make_sdist(version, tmp_path))
+        yield SyntheticIndex(root, f"http://127.0.0.1:{server.server_address[1]}/simple/")
+
+
+# Each test gets its synthetic index, build cache and fork project as copies of ones made once
+# per test session (per xdist worker): made for each test, they were a fifth of the tooling
+# tier's time (a checkout, two commits and an export a test). The copies are the same files
+# the fixtures made; no path, port or URL of the template is in them (the checkout's own
+# work tree, which names the template's cache, is not copied: no test uses it).
+TEMPLATE_KINDS = ("index", "fork", "review")
+
+
+def _make_template(root: Path, kind: str, index_template: Path | None) -> None:
+    index_root = root / "index"
+    if index_template is None:
+        index_root.mkdir(parents=True)
+    else:
+        shutil.copytree(index_template / "index", index_root)
+    with _serving(index_root) as index, pytest.MonkeyPatch.context() as env:
+        env.setenv("VLLM_RBLN_FORK_CACHE", str(root / "cache"))
+        if kind == "index":
+            for version in FILES:
+                index.publish(make_sdist(version, root))
+            return
+        project = Project(root / "project")
+        project.root.mkdir()
+        if kind == "review":
+            for version in REVIEW_FILES:
+                index.publish(make_sdist(version, root))
+            author_series(project, index, root, base="2.0", more=_review_series_more)
+        else:
+            author_series(project, index, root)
+
+
+@pytest.fixture(scope="session")
+def template(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """The template of a kind (``TEMPLATE_KINDS``), made on first use."""
+    made: dict[str, Path] = {}
+
+    def get(kind: str) -> Path:
+        if kind not in made:
+            base = None if kind == "index" else get("index")
+            root = tmp_path_factory.mktemp(f"template-{kind}")
+            # In a context of its own: what its build logs goes to no test's recorder.
+            contextvars.copy_context().run(_make_template, root, kind, base)
+            made[kind] = root
+        return made[kind]
+
+    return get
+
+
+def _copy_template(root: Path, tmp_path: Path) -> None:
+    for part in ("index", "cache", "project"):
+        if (root / part).exists():
+            shutil.copytree(root / part, tmp_path / part, dirs_exist_ok=True)
+
+
+@pytest.fixture
+def index_server(tmp_path: Path, template: Callable[[str], Path]) -> Iterator[SyntheticIndex]:
+    _copy_template(template("index"), tmp_path)
+    with _serving(tmp_path / "index") as index:
         yield index
 
 
@@ -272,11 +330,11 @@ def author_series(
 
 
 @pytest.fixture
-def fork(tmp_path: Path, index_server: SyntheticIndex) -> Fork:
-    project = Project(tmp_path / "project")
-    project.root.mkdir()
-    author_series(project, index_server, tmp_path)
-    return Fork(project, index_server)
+def fork(tmp_path: Path, index_server: SyntheticIndex, template: Callable[[str], Path]) -> Fork:
+    """A project whose series (two patches on 1.0) was written by ``author_series``, with the
+    build cache that left."""
+    _copy_template(template("fork"), tmp_path)
+    return Fork(Project(tmp_path / "project"), index_server)
 
 
 # The review family's series: the fork's two patches on 2.0, and two more (test_review.py).
@@ -322,13 +380,11 @@ def _review_series_more(tree: Path, commit: Callable[[str], None]) -> None:
 
 
 @pytest.fixture
-def review_fork(tmp_path: Path, index_server) -> Fork:
-    for version in REVIEW_FILES:
-        index_server.publish(make_sdist(version, tmp_path))
-    project = Project(tmp_path / "project")
-    project.root.mkdir()
-    author_series(project, index_server, tmp_path, base="2.0", more=_review_series_more)
-    return Fork(project, index_server)
+def review_fork(tmp_path: Path, index_server: SyntheticIndex, template: Callable[[str], Path]) -> Fork:
+    """The index with the 2.x releases too, and a project whose series (four patches on 2.0)
+    was written by ``author_series``, with the build cache that left."""
+    _copy_template(template("review"), tmp_path)
+    return Fork(Project(tmp_path / "project"), index_server)
 
 
 @pytest.fixture
