@@ -10,6 +10,7 @@ tail block is copied to a private block before B writes to it
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -343,17 +344,14 @@ def _assert_names_the_ways_out(message: str, what: str, sub_block_size: int) -> 
     assert "turn sub-block caching off" in message and "sub_block_size=16" in message
 
 
-def make_with_transfer_config(settings: dict[str, Any] | None, kv_transfer_config: Any) -> Any:
+def make_with(settings: dict[str, Any] | None, configure: Callable[[Any], None]) -> Any:
+    """The RBLN scheduler in vLLM's unit harness, its `vllm_config` first changed by `configure`."""
     from tests.v1.core.utils import create_scheduler
 
     rbln = h.rbln_scheduler_factory(settings)
 
     def factory(*, vllm_config: Any, **kwargs: Any) -> Any:
-        vllm_config.kv_transfer_config = kv_transfer_config
-        # As vLLM's config does for a connector without HMA support (the
-        # Mock child of the MultiConnector); one full-attention group needs
-        # no hybrid manager.
-        vllm_config.scheduler_config.disable_hybrid_kv_cache_manager = True
+        configure(vllm_config)
         return rbln(vllm_config=vllm_config, **kwargs)
 
     return create_scheduler(
@@ -364,6 +362,17 @@ def make_with_transfer_config(settings: dict[str, Any] | None, kv_transfer_confi
         max_model_len=256,
         enable_prefix_caching=True,
     )
+
+
+def make_with_transfer_config(settings: dict[str, Any] | None, kv_transfer_config: Any) -> Any:
+    def configure(vllm_config: Any) -> None:
+        vllm_config.kv_transfer_config = kv_transfer_config
+        # As vLLM's config does for a connector without HMA support (the
+        # Mock child of the MultiConnector); one full-attention group needs
+        # no hybrid manager.
+        vllm_config.scheduler_config.disable_hybrid_kv_cache_manager = True
+
+    return make_with(settings, configure)
 
 
 def offload_keys(
@@ -433,23 +442,12 @@ def test_hash_keyed_connector_gets_one_key_per_block(settings: dict[str, Any] | 
 def with_routed_experts(settings: dict[str, Any] | None) -> Any:
     """The RBLN scheduler with `enable_return_routed_experts=True`, so
     upstream's scheduler builds its aux-output connector."""
-    from tests.v1.core.utils import create_scheduler
     from vllm.config import AuxOutputConfig
 
-    rbln = h.rbln_scheduler_factory(settings)
-
-    def factory(*, vllm_config: Any, **kwargs: Any) -> Any:
+    def configure(vllm_config: Any) -> None:
         vllm_config.aux_output_config = AuxOutputConfig(enable_return_routed_experts=True)
-        return rbln(vllm_config=vllm_config, **kwargs)
 
-    return create_scheduler(
-        scheduler_cls=factory,  # type: ignore[arg-type]
-        block_size=BLOCK,
-        num_blocks=20,
-        max_num_batched_tokens=CHUNK,
-        max_model_len=256,
-        enable_prefix_caching=True,
-    )
+    return make_with(settings, configure)
 
 
 @pytest.mark.parametrize("sub_block_size", [4, 8])
