@@ -48,8 +48,10 @@ import build as bootstrap
 bootstrap.run_in_tool_env(__file__)
 
 from vllm_rbln_fork.apply import checkout_into  # noqa: E402
+from vllm_rbln_fork.files import remove_unless_held  # noqa: E402
 from vllm_rbln_fork.gitrepo import Repo  # noqa: E402
-from vllm_rbln_fork.paths import PROJECT_ROOT, cache_root, upstream_repo_dir  # noqa: E402
+from vllm_rbln_fork.paths import PROJECT_ROOT, cache_root, upstream_repo_dir, wheel_cache_dir  # noqa: E402
+from vllm_rbln_fork.pipeline import build_lock  # noqa: E402
 from vllm_rbln_fork.project import Project  # noqa: E402
 from vllm_rbln_fork.supported import supported_pins  # noqa: E402
 from vllm_rbln_fork.testing.conformance import PLUGIN, _env, tree_version  # noqa: E402
@@ -185,9 +187,7 @@ class Loop:
         start, cpu = time.perf_counter(), _children_cpu()
         done = _build_py(self.clone, "test", "--tier", "scheduler", "--pin", self.pin)
         run, cpu = time.perf_counter() - start, _children_cpu() - cpu
-        for d, before in made.items():  # this edit's trees and wheels: not kept
-            for path in set(d.iterdir()) - before:
-                shutil.rmtree(path) if path.is_dir() else path.unlink()
+        _remove_new(made)
         if done.returncode != 0:
             output = done.stdout[-5000:] + done.stderr[-5000:]
             sys.exit(f"bench: the scheduler tier failed in {self.clone}:\n{output}")
@@ -223,11 +223,16 @@ def tooling_tier(repeat: int, old: str, new: str) -> None:
                 done = _build_py(clone, "test", "--tier", "tooling")
                 wall, cpu = time.perf_counter() - start, _children_cpu() - cpu
                 found = re.search(r"^(\d+) passed, (\d+) failed", done.stdout, re.MULTILINE)
+                if not found:
+                    # A run that crashed or failed to collect is no figure of speed (it would read
+                    # as a great speed-up); one with failing tests is, and says which failed.
+                    output = done.stdout[-5000:] + done.stderr[-5000:]
+                    sys.exit(f"bench: the tooling tier failed in {clone} ({heads[label]}):\n{output}")
                 seen[label].append((wall, cpu))
                 failed = "; ".join(line for line in done.stdout.splitlines() if line.startswith("FAILED "))
                 print(
                     f"  {label} ({heads[label]}): {wall:.1f} s wall, {cpu:.1f} s CPU, "
-                    f"{found.group(1) if found else '?'} passed, {found.group(2) if found else '?'} failed"
+                    f"{found.group(1)} passed, {found.group(2)} failed"
                     f"{f' ({failed})' if failed else ''}, load average {os.getloadavg()[0]:.1f}",
                     flush=True,
                 )
@@ -244,7 +249,20 @@ def tooling_tier(repeat: int, old: str, new: str) -> None:
 
 
 def _made_per_edit() -> list[Path]:
-    return [d for d in (cache_root() / "test-trees", cache_root() / "wheels") if d.is_dir()]
+    return [d for d in (cache_root() / "test-trees", wheel_cache_dir()) if d.is_dir()]
+
+
+def _remove_new(before: dict[Path, set[Path]]) -> None:
+    """Remove the trees and wheels that appeared during an edit's test run (not kept), through
+    the cache's own locks: a tree another run holds or is making stays (files.remove_unless_held),
+    and wheels go under the build lock that every build writes them under."""
+    with build_lock():
+        for directory, seen in before.items():
+            for path in set(directory.iterdir()) - seen:
+                if directory == wheel_cache_dir():
+                    shutil.rmtree(path) if path.is_dir() else path.unlink()
+                elif path.is_dir():
+                    remove_unless_held(path)
 
 
 def patch_loop(pin: str, repeat: int, old: str, new: str) -> None:
