@@ -373,14 +373,13 @@ def test_an_upload_whose_index_cannot_be_read_is_refused_not_made_blind(
 
 
 def test_a_first_upload_to_an_index_without_a_root_page_goes_with_new_project(
-    wheel: Path, monkeypatch: pytest.MonkeyPatch
+    wheel: Path, monkeypatch: pytest.MonkeyPatch, recorder: log.RecordingReporter
 ) -> None:
     """Gitea's and Forgejo's package registries serve only <root>/<project>/, never the root
     page itself: a 404 for the project there cannot tell a project not uploaded yet from a
     wrong page root. Without --new-project the upload is refused (and says so, naming the
     flag); with it the first upload is made and read back."""
     import http.server
-    import threading
 
     from vllm_rbln_fork.errors import IndexUnreachable
 
@@ -415,8 +414,7 @@ def test_a_first_upload_to_an_index_without_a_root_page_goes_with_new_project(
     monkeypatch.setenv("TWINE_USERNAME", "release-bot")
     monkeypatch.setenv("TWINE_PASSWORD", "pw")
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Gitea)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
+    with kit.served(server):
         upload = f"http://127.0.0.1:{server.server_address[1]}/api/packages/owner/pypi"
         with pytest.raises(IndexUnreachable) as err:
             publish(wheel, upload)
@@ -425,10 +423,16 @@ def test_a_first_upload_to_an_index_without_a_root_page_goes_with_new_project(
         assert "Nothing was uploaded" in message and "--new-project" in message, message
 
         result = publish(wheel, upload, new_project=True)
-    finally:
-        server.shutdown()
-    assert posts == ["/api/packages/owner/pypi"]
-    assert result.sha256 == _sha256(wheel) and result.file_url.endswith(f"/files/{WHEEL}")
+        assert posts == ["/api/packages/owner/pypi"]
+        assert result.sha256 == _sha256(wheel) and result.file_url.endswith(f"/files/{WHEEL}")
+
+        # --new-project with a wrong page root: the upload goes (the 404 was taken for a new
+        # project), and the read-back's 404 says the root may be wrong and how to name it.
+        wrong = f"http://127.0.0.1:{server.server_address[1]}/api/packages/owner/pypi/wrong/"
+        publish(wheel, upload, index_url=wrong, new_project=True)
+    assert len(posts) == 2
+    [warning] = recorder.messages("warn")
+    assert "wrong page root" in warning and "--check-index" in warning, warning
 
 
 def test_new_project_goes_with_an_upload_url(tmp_path: Path) -> None:

@@ -122,7 +122,14 @@ def publish_upload(
             log.warn(f"uploaded, but {exc}; check that {facts.filename} is listed there")
             return result
     if after is None:
-        log.warn(f"uploaded, but {simple} does not list {facts.filename} (yet); check the server")
+        if new_project:  # a 404 was taken for a new project: a wrong page root 404s alike
+            log.warn(
+                f"uploaded, but {simple} still lists no {facts.filename}: with --new-project a 404 "
+                f"there counts as a project not uploaded yet, and a wrong page root 404s alike. "
+                f"Check that {facts.name} is on the server, and name its page root with --check-index URL"
+            )
+        else:
+            log.warn(f"uploaded, but {simple} does not list {facts.filename} (yet); check the server")
         return result
     digest, url = after
     if digest is not None and digest != facts.sha256:
