@@ -116,13 +116,15 @@ def vllm_venv(wheel: Path, lock: Path) -> Iterator[Path]:
 
 def install_wheel(python: Path, wheel: Path, lock: Path) -> None:
     """Put ``wheel`` in place of the venv's vllm, its dependencies left as the lock installed
-    them, then check they still satisfy it (``pip check``).
+    them, then check they still satisfy it (``uv pip check``, or ``pip check``).
 
     With uv (the test lock has it): 0.5-3 s, where pip took 10-40 s (6-8 s of CPU), most of
     it compiling the wheel's 2,500 modules. uv compiles none (``--compile-bytecode`` costs 5 s
-    of CPU): importing vLLM's test harness with the installed vllm's bytecode saves 0.2 s of
-    CPU a process (8.8 against 8.5 s, measured), and the tier has three such processes. pip
-    where uv's binary is missing."""
+    of CPU): the installed vllm's bytecode would save a process importing vLLM's test harness
+    0.3-0.6 s of CPU (measured twice: 8.5 against 8.8 s, 7.1 against 7.7 s), and only the
+    tier's few pytest processes import it. ``--reinstall-package vllm`` is a safeguard: uv
+    0.13 already replaces a rebuilt wheel of the same name and version without it. pip where
+    uv's binary is missing."""
     hint = f"the wheel needs a dependency missing from {lock.name}; add it there."
     try:
         from uv import find_uv_bin
