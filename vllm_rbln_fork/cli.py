@@ -176,6 +176,40 @@ def _forget_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _watch_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="build.py watch",
+        description="Start the move to a vLLM release newer than the newest supported pin, if the "
+        "index has one: on a branch, carry the series (rerere/), write series/<new>, mark the pin "
+        "moving, draft docs/rebases/v<new>.md, run the scheduler tier. Exit 0 nothing new, 1 a move "
+        "ready for review, 2 work left by hand (docs/patch-workflow.md).",
+    )
+    parser.add_argument("--index-url", help="the index to watch (default: pip's)")
+    parser.add_argument("--release", metavar="VERSION", help="move to this release only (it must be newer)")
+    parser.add_argument("--no-branch", action="store_true", help="write in place: no branch, no commit")
+    parser.add_argument("--no-tier", action="store_true", help="do not run the scheduler tier at the new pin")
+    parser.add_argument("--summary", type=Path, metavar="FILE", help="also write the Markdown summary here")
+    return parser
+
+
+def _watch(args: argparse.Namespace) -> int:
+    from .files import write_atomic
+    from .watch import summary, watch
+
+    release = Pin.parse(args.release) if args.release else None
+    spec = SourceSpec.parse(None, args.index_url)
+    watched = watch(
+        Project.default(), spec, release=release, branch=not args.no_branch, run_tier=not args.no_tier
+    )
+    text = summary(watched)
+    if args.summary:
+        write_atomic(args.summary, text)
+    if watched.seconds:
+        console.print(f"    [dim]watch: {watched.seconds:.0f} s[/dim]")
+    print(text, end="")
+    return int(watched.outcome)
+
+
 def _run_tests(argv: list[str]) -> int:
     from .testing.runner import run_tests
 
@@ -195,6 +229,7 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "continue": lambda argv: _continue(_continue_parser().parse_args(argv)),
     "forget": lambda argv: _forget(_forget_parser().parse_args(argv)),
     "yank": lambda argv: _yank(_yank_parser().parse_args(argv)),
+    "watch": lambda argv: _watch(_watch_parser().parse_args(argv)),
     "test": _run_tests,
     "lint": _run_lint,
 }

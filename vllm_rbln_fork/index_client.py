@@ -83,6 +83,11 @@ def _sdist_versions(index_url: str) -> dict[Version, RemoteSdist]:
     return found
 
 
+def releases(index_url: str) -> list[Version]:
+    """The final releases (no pre-, dev- or post-release) with an sdist on the index, oldest first."""
+    return sorted(v for v in _sdist_versions(index_url) if not (v.is_prerelease or v.is_postrelease))
+
+
 def find_sdist(pin: Pin, index_url: str) -> RemoteSdist:
     available = _sdist_versions(index_url)
     if pin.version in available:
