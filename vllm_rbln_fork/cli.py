@@ -210,6 +210,22 @@ def _watch(args: argparse.Namespace) -> int:
     return int(watched.outcome)
 
 
+def _matrix(argv: list[str]) -> int:
+    import json
+
+    from .testing.matrix import KINDS, matrix
+
+    parser = argparse.ArgumentParser(
+        prog="build.py matrix",
+        description="Print a CI job matrix from pins.toml as JSON: test (supported pin x tier), "
+        "moving (the pins being moved to), release (each supported pin's pure and binary wheels).",
+    )
+    parser.add_argument("kind", nargs="?", choices=KINDS, default="test")
+    args = parser.parse_args(argv)
+    print(json.dumps(matrix(Project.default(), args.kind), separators=(",", ":")))
+    return 0
+
+
 def _run_tests(argv: list[str]) -> int:
     from .testing.runner import run_tests
 
@@ -230,6 +246,7 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "forget": lambda argv: _forget(_forget_parser().parse_args(argv)),
     "yank": lambda argv: _yank(_yank_parser().parse_args(argv)),
     "watch": lambda argv: _watch(_watch_parser().parse_args(argv)),
+    "matrix": _matrix,
     "test": _run_tests,
     "lint": _run_lint,
 }

@@ -78,7 +78,9 @@ class Watched:
     seconds: float = 0.0
 
 
-def newer_release(project: Project, index_url: str, release: Pin | None = None) -> tuple[Pin, Pin | None, str]:
+def newer_release(
+    project: Project, index_url: str, release: Pin | None = None
+) -> tuple[Pin, Pin | None, str]:
     """(newest supported pin, the release to move to or None, why None). ``release``: consider
     only that one (it must be on the index)."""
     from .index_client import releases
@@ -138,7 +140,8 @@ def watch(
     report, _ = write_reports(result, project.work_dir / f"review-v{target}")
     written = list(result.written)
     tree = result.conflict_tree
-    stopped_at, unresolved = "", ()
+    stopped_at = ""
+    unresolved: tuple[str, ...] = ()
     if tree is not None and result.carried_all:
         from .workflow import export
 
@@ -227,16 +230,17 @@ def _switch_to_new_branch(project: Project, name: str) -> None:
 def _mark_moving(project: Project, target: Pin) -> None:
     """Append ``[pin."<target>"] status = "moving"`` to pins.toml (its text and comments kept)."""
     text = project.pins_file.read_text(encoding="utf-8")
-    entry = (
-        f'\n[pin."{target}"]\nstatus = "moving"  # started by build.py watch (docs/patch-workflow.md)\n'
-    )
+    entry = f'\n[pin."{target}"]\nstatus = "moving"  # started by build.py watch (docs/patch-workflow.md)\n'
     write_atomic(project.pins_file, text.rstrip("\n") + "\n" + entry)
     assert target in {s.pin for s in listed_pins(project)}
 
 
 def _copy_conformance_lists(project: Project, newest: Pin, target: Pin) -> list[str]:
     """The previous pin's conformance lists (tests/upstream/<pin>/) as the new pin's start."""
-    old, new = project.root / "tests" / "upstream" / str(newest), project.root / "tests" / "upstream" / str(target)
+    old, new = (
+        project.root / "tests" / "upstream" / str(newest),
+        project.root / "tests" / "upstream" / str(target),
+    )
     if not old.is_dir() or new.exists():
         return []
     shutil.copytree(old, new)
@@ -246,7 +250,9 @@ def _copy_conformance_lists(project: Project, newest: Pin, target: Pin) -> list[
 def _stopped_at(tree: Path) -> tuple[str, tuple[str, ...]]:
     """The patch (subject) a conflict tree stands at, and its conflicted files."""
     repo = Repo(tree, bare=False)
-    subject = repo.run("log", "-1", "--format=%s", "CHERRY_PICK_HEAD", cwd=tree, in_work_tree=True, ok_codes=(0, 128))
+    subject = repo.run(
+        "log", "-1", "--format=%s", "CHERRY_PICK_HEAD", cwd=tree, in_work_tree=True, ok_codes=(0, 128)
+    )
     return subject[1].strip(), tuple(unmerged(repo, tree))
 
 

@@ -35,9 +35,7 @@ def _git(root: Path, *args: str) -> str:
 
 
 @pytest.fixture
-def repo_fork(
-    fork: Any, monkeypatch: pytest.MonkeyPatch, publish_release: Callable[[str], None]
-) -> Any:
+def repo_fork(fork: Any, monkeypatch: pytest.MonkeyPatch, publish_release: Callable[[str], None]) -> Any:
     """The fork as a per-pin project (pins.toml supports 1.0) committed in a git repository, and
     an index that has only 1.0."""
     for name, value in IDENTITY.items():

@@ -11,6 +11,16 @@ def test_help_lists_every_command(capsys) -> None:
     with pytest.raises(SystemExit):
         cli.main(["--help"])
     text = " ".join(capsys.readouterr().out.split())
-    for command in ("checkout", "export", "continue", "forget", "yank", "test", "lint"):
+    for command in ("checkout", "export", "continue", "forget", "yank", "watch", "matrix", "test", "lint"):
         assert f"'build.py {command}'" in text
-    assert set(cli.COMMANDS) == {"checkout", "export", "continue", "forget", "yank", "test", "lint"}
+    assert set(cli.COMMANDS) == {
+        "checkout",
+        "export",
+        "continue",
+        "forget",
+        "yank",
+        "watch",
+        "matrix",
+        "test",
+        "lint",
+    }

