@@ -4,7 +4,8 @@ The mechanical part of a move (docs/patch-workflow.md, "Move the pin"), on a bra
 project's git repository, from the existing steps and nothing else:
 
 1. the newest final release on the index, against the newest supported pin (``pins.toml``);
-   nothing newer, or a move to it already listed (``status = "moving"``): nothing to do;
+   nothing newer, or a move to it already under way (listed with ``status = "moving"``, or
+   its branch exists: the forge's Watch workflow fetches them): nothing to do;
 2. ``git switch -c watch/vllm-<new>``; mark the move, ``[pin."<new>"] status = "moving"``;
 3. the review with ``--write --from <newest supported>`` (``review.review``): it carries the
    series with the recorded resolutions (``rerere/``) and writes ``series/<new>`` and
@@ -129,7 +130,12 @@ def watch(
         return Watched(Outcome.NOTHING_NEW, newest, note=why, seconds=time.perf_counter() - start)
     name = f"watch/vllm-{target}" if branch else None
     if name is not None:
-        _switch_to_new_branch(project, name)
+        _check_work_tree(project)
+    if name is not None and _git(project, "branch", "--list", name):
+        note = f"a move to {target} is under way already on branch {name}; nothing new beyond it"
+        return Watched(Outcome.NOTHING_NEW, newest, note=note, seconds=time.perf_counter() - start)
+    if name is not None:
+        _git(project, "switch", "--quiet", "-c", name)
     _mark_moving(project, target)
     copied = _copy_conformance_lists(project, newest, target)
 
@@ -200,8 +206,8 @@ def _git(project: Project, *args: str) -> str:
     return proc.run(["git", *args], cwd=project.root).strip()
 
 
-def _switch_to_new_branch(project: Project, name: str) -> None:
-    """``git switch -c name`` in the project, which must be a clean git work tree."""
+def _check_work_tree(project: Project) -> None:
+    """The project must be the top of a clean git work tree: the move goes on a new branch."""
     try:
         top = Path(_git(project, "rev-parse", "--show-toplevel")).resolve()
     except ForkError:
@@ -218,13 +224,6 @@ def _switch_to_new_branch(project: Project, name: str) -> None:
             f"{project.root} has uncommitted changes ({dirty.strip().splitlines()[0].strip()} ...): "
             "commit, stash or remove them; the watcher starts its branch from a clean HEAD."
         )
-    exists = proc.run(["git", "branch", "--list", name], cwd=project.root).strip()
-    if exists:
-        raise ForkError(
-            f"branch {name} exists: a move to this release was started before. Go on with it "
-            f"(git switch {name}), or delete it (git branch -D {name}) and watch again."
-        )
-    _git(project, "switch", "--quiet", "-c", name)
 
 
 def _mark_moving(project: Project, target: Pin) -> None:

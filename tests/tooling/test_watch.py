@@ -110,9 +110,15 @@ def test_a_new_release_becomes_a_moving_pin_on_a_branch(repo_fork: Any) -> None:
     built = build(Pin.parse("1.1"), fork.spec(), fork.project)
     assert built.manifest.series_exported_against == "1.1"
 
-    # Watching again: the move is under way, nothing new beyond it.
+    _git(root, "add", "-A")
+    _git(root, "commit", "-q", "-m", "the release number of the build")
+    # Watching again: the move is under way, nothing new beyond it; from main too (its branch).
     again = watch(fork.project, fork.spec(), run_tier=False)
     assert again.outcome is Outcome.NOTHING_NEW and "under way" in again.note
+    _git(root, "switch", "-q", "main")
+    from_main = watch(fork.project, fork.spec(), run_tier=False)
+    assert from_main.outcome is Outcome.NOTHING_NEW and "on branch watch/vllm-1.1" in from_main.note
+    assert not (root / "series" / "1.1").exists()
 
 
 def test_a_conflicting_release_stops_with_the_report_and_the_conflict_tree(repo_fork: Any) -> None:

@@ -1,7 +1,9 @@
 """``python build.py matrix``: the CI's job matrices from ``pins.toml``, so it stays the one list.
 
 * ``test``    every supported pin x every tier but tooling (the tooling tier needs no pin and
-              runs first, once): ``{"include": [{"pin": "0.31.0", "tier": "scheduler"}, ...]}``;
+              runs first, once), the engine tier only where the pin has an ``engine-lock`` (else
+              ``tests/engine/cannot-run.toml`` says why it cannot run, and a cell of it would run
+              nothing): ``{"include": [{"pin": "0.31.0", "tier": "scheduler"}, ...]}``;
 * ``moving``  the pins a move is under way to (``status = "moving"``), each reviewed in CI:
               ``["0.34.0"]``;
 * ``release`` every supported pin's wheels: the pure wheel, and the binary wheel over vLLM's
@@ -30,7 +32,12 @@ def matrix(project: Project, kind: Kind) -> object:
         return [str(s.pin) for s in listed_pins(project) if s.status == "moving"]
     if kind == "test":
         return {
-            "include": [{"pin": str(s.pin), "tier": t} for s in supported for t in TIERS if t != "tooling"]
+            "include": [
+                {"pin": str(s.pin), "tier": t}
+                for s in supported
+                for t in TIERS
+                if t != "tooling" and (t != "engine" or s.engine_lock is not None)
+            ]
         }
     cells = []
     for s in supported:

@@ -1,0 +1,125 @@
+"""The forge's files: every workflow under .github/workflows passes actionlint (installed from
+requirements/test.lock), takes its runner labels and index from variables, and passes values
+to scripts through env: only; .pre-commit-config.yaml runs exactly `python build.py lint`'s
+checks, from `repo: local` hooks that run on the system (pre-commit makes no env); the
+series lint finds what the build would refuse.
+
+tests/e2e/test_forge_steps.py runs the workflows' run: steps themselves.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from vllm_rbln_fork.paths import PROJECT_ROOT
+from vllm_rbln_fork.project import Project
+from vllm_rbln_fork.testing.lint import CHECKS
+from vllm_rbln_fork.testing.series_lint import problems
+
+WORKFLOWS = sorted((PROJECT_ROOT / ".github" / "workflows").glob("*.yml"))
+ACTIONLINT = Path(sys.executable).parent / "actionlint"
+
+
+def _actionlint(*paths: Path) -> subprocess.CompletedProcess[str]:
+    # -shellcheck= and -pyflakes=: none is on these machines, and none is asked for.
+    command = [str(ACTIONLINT), "-no-color", "-shellcheck=", "-pyflakes=", *map(str, paths)]
+    return subprocess.run(command, capture_output=True, text=True, check=False, cwd=PROJECT_ROOT)
+
+
+def test_the_three_workflows_pass_actionlint() -> None:
+    assert [p.name for p in WORKFLOWS] == ["ci.yml", "release.yml", "watch.yml"]
+    done = _actionlint(*WORKFLOWS)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_actionlint_refuses_a_broken_workflow(tmp_path: Path) -> None:
+    """The checker is live: a needs: of no job, and a step id that no step has, fail it."""
+    broken = tmp_path / ".github" / "workflows" / "ci.yml"
+    broken.parent.mkdir(parents=True)
+    text = (PROJECT_ROOT / ".github" / "workflows" / "ci.yml").read_text()
+    broken.write_text(text.replace("needs: tooling\n", "needs: tooling-tier\n", 1))
+    done = _actionlint(broken)
+    assert done.returncode == 1 and 'needs job "tooling-tier" which does not exist' in done.stdout, (
+        done.stdout
+    )
+    broken.write_text(text.replace("steps.matrix.outputs.test", "steps.matrices.outputs.test", 1))
+    done = _actionlint(broken)
+    assert done.returncode == 1 and 'property "matrices" is not defined' in done.stdout, done.stdout
+
+
+def _load(path: Path) -> dict[str, Any]:
+    data = yaml.safe_load(path.read_text())
+    assert isinstance(data, dict)
+    return data
+
+
+@pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.name)
+def test_runners_and_indexes_are_variables_and_scripts_take_values_through_env(path: Path) -> None:
+    for name, job in _load(path)["jobs"].items():
+        assert "vars.CI_RUNNER" in str(job["runs-on"]), f"{path.name}: job {name}'s runs-on is a literal"
+        for step in job["steps"]:
+            script = step.get("run", "")
+            assert "${{" not in script, f"{path.name}: {step.get('name')}: an expression in a script"
+            assert not re.search(r"https?://", script), f"{path.name}: {step.get('name')}: a URL literal"
+    text = path.read_text()
+    assert "PIP_INDEX_URL" in text and "vars.PIP_INDEX_URL" in text
+
+
+def test_release_takes_the_upload_url_and_credentials_from_secrets_through_env() -> None:
+    job = _load(PROJECT_ROOT / ".github" / "workflows" / "release.yml")["jobs"]["wheel"]
+    (publish,) = [s for s in job["steps"] if "--publish" in s.get("run", "")]
+    assert publish["env"]["UPLOAD_URL"] == "${{ secrets.INDEX_UPLOAD_URL }}"
+    assert publish["env"]["TWINE_USERNAME"] == "${{ secrets.INDEX_USERNAME }}"
+    assert publish["env"]["TWINE_PASSWORD"] == "${{ secrets.INDEX_PASSWORD }}"
+
+
+def test_pre_commit_runs_the_checks_of_build_py_lint_from_local_hooks() -> None:
+    from pre_commit.clientlib import load_config
+
+    config = load_config(str(PROJECT_ROOT / ".pre-commit-config.yaml"))  # pre-commit's own schema
+    assert [repo["repo"] for repo in config["repos"]] == ["local"]
+    hooks = config["repos"][0]["hooks"]
+    assert [(h["id"], h["name"]) for h in hooks] == [(c.id, c.name) for c in CHECKS]
+    for hook in hooks:
+        assert hook["entry"] == f"python build.py lint --only {hook['id']}"
+        assert hook["language"] == "unsupported" and hook["pass_filenames"] is False
+
+
+def test_lint_only_runs_the_one_check_a_hook_names(capsys: pytest.CaptureFixture[str]) -> None:
+    from vllm_rbln_fork.testing.lint import run_lint
+
+    assert run_lint(["--only", "series"]) == 0  # the series lint alone: no ruff, no mypy here
+    with pytest.raises(SystemExit):
+        run_lint(["--only", "black"])
+    assert "invalid choice: 'black'" in capsys.readouterr().err
+
+
+def test_the_series_lint_finds_a_stray_patch_an_unlisted_series_and_a_bad_patch(tmp_path: Path) -> None:
+    project = Project(tmp_path / "project")
+    shutil.copytree(PROJECT_ROOT / "series", project.series_dir)
+    shutil.copytree(PROJECT_ROOT / "patches", project.patches_dir)
+    shutil.copytree(PROJECT_ROOT / "requirements", project.root / "requirements")
+    shutil.copy(PROJECT_ROOT / "pins.toml", project.pins_file)
+    assert problems(project) == []
+
+    (project.patches_dir / "left-over.patch").write_text("x\n")
+    assert problems(project) == [
+        "patches/left-over.patch: no series names it. Export removes such files; delete it, or add "
+        "it to a series through the edit loop (docs/patch-workflow.md)."
+    ]
+    (project.series_dir / "9.9.9").write_text((project.series_dir / "0.31.0").read_text())
+    assert "series/9.9.9: pins.toml does not list vllm 9.9.9" in "\n".join(problems(project))
+
+    (project.series_dir / "9.9.9").unlink()
+    first = next(p for p in sorted(project.patches_dir.glob("*.patch")) if p.name != "left-over.patch")
+    first.write_text(first.read_text().replace("Origin: ", "Origine: ", 1))
+    found = "\n".join(problems(project))
+    assert f"patches/{first.name} fails lint: it has no 'Origin:' trailer" in found
