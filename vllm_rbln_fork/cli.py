@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 
 from . import log
 from .errors import ForkError
@@ -402,6 +403,12 @@ def _export(args: argparse.Namespace) -> int:
             f"[yellow]note[/yellow] {name} changed at this pin only: {others} the shared "
             f"patches/{name}. To make the change for every pin, export again with --promote, then "
             f"test those pins; or make it at each ({at_each})."
+        )
+    for name, own in result.redundant.items():
+        console.print(
+            f"[yellow]redundant[/yellow] {escape(own)} removed: the shared patches/{escape(name)} "
+            f"applies at {result.pin} and gives the same commit (only its line numbers differ), "
+            f"so {result.pin} builds the shared patches/{escape(name)}"
         )
     for name, pins in result.promoted.items():
         console.print(

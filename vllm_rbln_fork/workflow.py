@@ -109,6 +109,11 @@ class Exported:
     cannot_promote: dict[str, str] = field(default_factory=dict)
     # The pin exported (None for a single-series project).
     pin: Pin | None = None
+    # A pin's own form (``patches/<pin>/<name>``) that this export found redundant: the shared
+    # ``patches/<name>`` applies at the pin and gives the same commit (the same message and
+    # tree; only line numbers and blob ids differ). The pin's series now names the shared
+    # file, and the own form is removed. {name: the own form's path, relative to the root}.
+    redundant: dict[str, str] = field(default_factory=dict)
 
 
 def export(tree: Path, project: Project, *, promote: bool = False) -> Exported:
@@ -139,6 +144,7 @@ def export(tree: Path, project: Project, *, promote: bool = False) -> Exported:
         raise ForkError(f"{tree}: the series must be linear; rebase away merge commit {merges[0][:12]}.")
 
     rendered: dict[str, str] = {}
+    commit_of: dict[str, str] = {}
     for commit in commits:
         text = repo.run(*FORMAT_PATCH, commit, strip=False)[1]
         name = slug(text.split("\nSubject: ", 1)[1].split("\n", 1)[0])
@@ -152,6 +158,7 @@ def export(tree: Path, project: Project, *, promote: bool = False) -> Exported:
                 + ". Fix its message with 'git commit --amend' or 'git rebase -i', then export again."
             )
         rendered[name] = text
+        commit_of[name] = commit
 
     if listed := listed_pins(project):
         if pin not in {s.pin for s in listed}:
@@ -160,7 +167,7 @@ def export(tree: Path, project: Project, *, promote: bool = False) -> Exported:
                 f'a move is marked first. Add [pin."{pin}"] with status = "moving" to '
                 f"{project.pins_file.name} (docs/patch-workflow.md), then export {tree} again."
             )
-        result = _write_pin_series(repo, roots[0], pin, rendered, project, promote=promote)
+        result = _write_pin_series(repo, roots[0], pin, rendered, commit_of, project, promote=promote)
     else:
         result = Exported(_write_single_series(pin, rendered, project))
     return Exported(
@@ -169,6 +176,7 @@ def export(tree: Path, project: Project, *, promote: bool = False) -> Exported:
         result.promoted,
         result.cannot_promote,
         result.pin,
+        result.redundant,
     )
 
 
@@ -211,13 +219,38 @@ def _preimages(text: str) -> dict[str, str]:
     return dict(PREIMAGE.findall(text))
 
 
+def _shared_gives_same(repo: Repo, commit: str, name: str, shared: str, text: str) -> bool:
+    """The shared patch text ``shared``, applied where the build applies it (on ``commit``'s
+    parent, ``git apply --recount``, offsets allowed), gives ``commit`` itself: the same
+    message, author, date and tree. Then a pin's own form (``text``) differs from it only in
+    hunk line numbers and blob ids, and is redundant."""
+    mine, theirs = parse_patch(name, text.encode()), parse_patch(name, shared.encode())
+    if (mine.message, mine.author, mine.date) != (theirs.message, theirs.author, theirs.date):
+        return False
+    with tempfile.TemporaryDirectory(prefix="export-") as tmp:
+        patch_file, env = Path(tmp) / name, {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
+        patch_file.write_text(shared)
+        repo.run("read-tree", f"{commit}^", env=env)
+        status, _ = repo.run("apply", "--cached", "--recount", str(patch_file), env=env, ok_codes=(0, 1))
+        return status == 0 and repo.out("write-tree", env=env).strip() == repo.tree_of(commit)
+
+
 def _write_pin_series(
-    repo: Repo, root: str, pin: Pin, rendered: dict[str, str], project: Project, *, promote: bool
+    repo: Repo,
+    root: str,
+    pin: Pin,
+    rendered: dict[str, str],
+    commit_of: dict[str, str],
+    project: Project,
+    *,
+    promote: bool,
 ) -> Exported:
     """``series/<pin>`` and the patches it names.
 
     * A patch whose text the shared file ``patches/<name>`` already has stays shared.
     * A new patch, or one no other pin's series names plainly, is the shared file.
+    * A patch the shared file gives exactly (applied at this pin, it makes the same commit:
+      only line numbers differ) stays shared; an own form of it is redundant and goes.
     * A patch other pins name plainly is written as this pin's own form,
       ``patches/<pin>/<name>``: a change made and tested at one pin never reaches
       another pin's build unasked.
@@ -250,6 +283,7 @@ def _write_pin_series(
     kept_own: dict[str, list[Pin]] = {}
     promoted: dict[str, list[Pin]] = {}
     not_promotable: dict[str, str] = {}
+    redundant: dict[str, str] = {}
     for name, text in rendered.items():
         shared = project.patches_dir / name
         old = shared.read_text() if shared.is_file() else None
@@ -263,6 +297,10 @@ def _write_pin_series(
         elif old is None or name not in naming:
             entries.append(name)
             writes[shared] = text
+        elif _shared_gives_same(repo, commit_of[name], name, old, text):
+            entries.append(name)
+            if (own := project.patches_dir / str(pin) / name).is_file():
+                redundant[name] = str(own.relative_to(project.root))
         elif promote and promotable:
             entries.append(name)
             writes[shared] = text
@@ -298,4 +336,5 @@ def _write_pin_series(
     # or not; an own form already there and unchanged (a pin's form of a patch on upstream
     # files, from its move) is the normal state, not a change.
     said = {n: p for n, p in kept_own.items() if n in own_written}
-    return Exported(changed, said, promoted, {n: r for n, r in not_promotable.items() if n in said}, pin)
+    cannot = {n: r for n, r in not_promotable.items() if n in said}
+    return Exported(changed, said, promoted, cannot, pin, redundant)

@@ -81,8 +81,9 @@ def test_each_supported_pin_builds_its_own_series_and_other_pins_carry_the_newes
     entries = [
         line for line in (fork.project.root / "series" / "1.3").read_text().splitlines() if line[:1] != "#"
     ]
-    # Both patches touch upstream's gate.py, and 1.0 still uses the shared files: 1.3's own forms.
-    assert entries == ["1.3/count-one-more-slot-at-admission.patch", "1.3/add-rbln-padding.patch"]
+    # Both patches touch upstream's gate.py. The backport's lines were rewritten at 1.3: its own
+    # form. The padding patch's only moved: the shared file applies there, and 1.3 names it.
+    assert entries == ["1.3/count-one-more-slot-at-admission.patch", "add-rbln-padding.patch"]
     assert (fork.project.patches_dir / "count-one-more-slot-at-admission.patch").is_file()  # 1.0's
 
     for pin in ("1.0", "1.3"):
@@ -318,11 +319,11 @@ def _export_cli(
 def test_promote_at_a_pin_with_own_forms_promotes_and_says_nothing_of_the_untouched_ones(
     fork: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """1.3 has its own forms of the two patches on gate.py (from its move); a fix to the shared
-    RBLN-only patch made there is promoted, and the untouched own forms are not "not promoted"."""
+    """1.3 has its own form of the backport on gate.py (from its move); a fix to the shared
+    RBLN-only patch made there is promoted, and the untouched own form is not "not promoted"."""
     _rbln_only_patch_in_both_pins(fork)
     own = sorted(p.name for p in (fork.project.patches_dir / "1.3").iterdir())
-    assert own == [PADDING_PATCH, "count-one-more-slot-at-admission.patch"]
+    assert own == ["count-one-more-slot-at-admission.patch"]
     rc, out = _export_cli(fork, _fix_limit(fork, "1.3", tmp_path / "fix"), monkeypatch, capsys, "--promote")
     assert "not promoted" not in out and rc == 0, out
     assert f"promoted patches/{LIMIT_PATCH}: also in the series of 1.0" in out
@@ -354,3 +355,65 @@ def test_a_change_at_one_pin_to_a_patch_other_pins_share_is_said_without_promote
     # Exported again, unchanged: nothing new to say.
     rc, out = _export_cli(fork, fix, monkeypatch, capsys)
     assert rc == 0 and "note" not in out and "patches/ and series are unchanged" in out, out
+
+
+def _moved_to_1_1(fork: Any, tmp_path: Path) -> Path:
+    """lab2: 1.0 supported, a move to 1.1 marked, and 1.1 checked out (the 1.0 series carried
+    by a plain 3-way merge: the backport's context changed, the padding patch's only moved)."""
+    from vllm_rbln_fork.workflow import checkout
+
+    _per_pin_project(fork)
+    (fork.project.root / "pins.toml").write_text(
+        '[pin."1.0"]\ntest-lock = "test.lock"\n[pin."1.1"]\nstatus = "moving"\n'
+    )
+    return checkout(Pin.parse("1.1"), fork.spec(), fork.project, tmp_path / "move")
+
+
+def _entries(fork: Any, pin: str) -> list[str]:
+    text = (fork.project.root / "series" / pin).read_text()
+    return [line for line in text.splitlines() if line[:1] != "#"]
+
+
+def test_a_move_keeps_a_pin_s_own_form_only_where_the_shared_patch_does_not_apply(
+    fork: Any, tmp_path: Path
+) -> None:
+    """The padding patch applies at 1.1 as it is (only its line numbers differ): 1.1 builds
+    the shared file, with no copy of it. The backport's context changed: 1.1 has its own form."""
+    result = export(_moved_to_1_1(fork, tmp_path), fork.project)
+    assert _entries(fork, "1.1") == ["1.1/count-one-more-slot-at-admission.patch", PADDING_PATCH]
+    assert sorted(p.name for p in (fork.project.patches_dir / "1.1").iterdir()) == [
+        "count-one-more-slot-at-admission.patch"
+    ]
+    assert result.kept_own == {"count-one-more-slot-at-admission.patch": [Pin.parse("1.0")]}
+    assert result.redundant == {}
+    built = build(Pin.parse("1.1"), fork.spec(), fork.project)
+    assert [p.name for p in built.manifest.applied] == [
+        "count-one-more-slot-at-admission.patch",
+        PADDING_PATCH,
+    ]
+
+
+def test_export_removes_a_pin_s_own_form_that_the_shared_patch_makes_redundant_and_says_so(
+    fork: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An own form equal to the shared patch but for hunk headers (left by an older export)
+    goes at the next export of the pin, which says so; the pin then builds the same tree."""
+    from vllm_rbln_fork.workflow import FORMAT_PATCH
+
+    move = _moved_to_1_1(fork, tmp_path)
+    export(move, fork.project)
+    repo = Repo(move, bare=False)
+    own = fork.project.patches_dir / "1.1" / PADDING_PATCH
+    own.write_text(repo.run(*FORMAT_PATCH, "HEAD", strip=False)[1])  # 1.1's rendering of it
+    assert own.read_text() != (fork.project.patches_dir / PADDING_PATCH).read_text()
+    series = fork.project.root / "series" / "1.1"
+    series.write_text(series.read_text().replace(f"\n{PADDING_PATCH}", f"\n1.1/{PADDING_PATCH}"))
+    before = build(Pin.parse("1.1"), fork.spec(), fork.project).manifest
+
+    rc, out = _export_cli(fork, move, monkeypatch, capsys)
+    assert rc == 0, out
+    assert f"redundant patches/1.1/{PADDING_PATCH}" in out and "removed" in out, out
+    assert f"1.1 builds the shared patches/{PADDING_PATCH}" in out, out
+    assert not own.exists() and _entries(fork, "1.1")[-1] == PADDING_PATCH
+    after = build(Pin.parse("1.1"), fork.spec(), fork.project).manifest
+    assert after.patched_tree == before.patched_tree
