@@ -1,0 +1,97 @@
+"""The forge's workflows, run here as a job runs them (tests/support/workflow_steps.py): every
+``run:`` step in order, in bash, on a fresh clone of the project, with the env: and if: of each
+step evaluated and the outputs of one step given to the next.
+
+* CI's first job (the tooling tier, lint, the matrix from pins.toml): the cell every run has,
+  and the one that makes the matrix of the others;
+* Watch with nothing new (the newest vLLM release on the index is a supported pin): exit 0,
+  and neither the pull request step nor the issue step runs.
+
+Not run here: the forge's own actions (checkout, setup-python, cache, upload-artifact; the
+clone and this machine's Python stand for the first two), the secrets (none is needed by
+these jobs), and ``gh``/``git push`` (the steps that open a pull request or an issue are
+conditioned on the watcher's exit status, and their conditions are evaluated: false here).
+The tooling tier (the workflows' actionlint included) runs in CI's first job.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from workflow_steps import fresh_clone, run_job
+
+from vllm_rbln_fork.paths import PROJECT_ROOT
+from vllm_rbln_fork.project import Project
+from vllm_rbln_fork.testing.matrix import matrix
+
+WORKFLOWS = PROJECT_ROOT / ".github" / "workflows"
+
+
+@pytest.fixture
+def machine(tmp_path: Path) -> dict[str, str]:
+    """The environment of a runner: this machine's, with the base Python as `python` (what
+    setup-python gives) and nothing of the test process's tool env or pin."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python").symlink_to(Path(sys.base_prefix) / "bin" / "python3")
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("VLLM_", "HF_", "TRANSFORMERS_"))
+        and k not in ("PYTHONPATH", "PYTHONDONTWRITEBYTECODE")
+    }
+    env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"
+    env["VLLM_RBLN_FORK_CACHE"] = str(tmp_path / "runner-cache")
+    return env
+
+
+def test_ci_first_job_runs_the_tooling_tier_lint_and_makes_the_matrix(
+    tmp_path: Path, machine: dict[str, str]
+) -> None:
+    clone = fresh_clone(PROJECT_ROOT, tmp_path)
+    job = run_job(WORKFLOWS / "ci.yml", "tooling", clone, {}, machine, tmp_path / "steps")
+
+    ran = [s for s in job.steps if s.ran]
+    for step in ran:
+        assert step.status == 0, f"{step.name} failed:\n{step.output[-4000:]}"
+    assert [s.name for s in ran] == [
+        "Package index",
+        "Tooling tier (the workflows' actionlint included)",
+        "Lint (ruff, mypy, the series)",
+        "Matrix from pins.toml",
+    ]
+    assert [s.why_not for s in job.steps if not s.ran] == [
+        "the forge's action actions/checkout@v5",
+        "the forge's action actions/setup-python@v6",
+        "the forge's action actions/cache@v5",
+        "the forge's action actions/upload-artifact@v6",
+    ]
+    table = (clone / "reports" / "time-tooling.txt").read_text()
+    assert table.splitlines()[2].startswith("tooling")
+    assert " passed, 0 failed" in job.step("Tooling tier (the workflows' actionlint included)").output
+    outputs = job.outputs["matrix"]
+    assert json.loads(outputs["test"]) == matrix(Project.default(), "test")
+    assert json.loads(outputs["moving"]) == []
+
+
+def test_watch_with_nothing_new_exits_0_and_opens_nothing(tmp_path: Path, machine: dict[str, str]) -> None:
+    clone = fresh_clone(PROJECT_ROOT, tmp_path)
+    job = run_job(WORKFLOWS / "watch.yml", "watch", clone, {}, machine, tmp_path / "steps")
+
+    for step in (s for s in job.steps if s.ran):
+        assert step.status == 0, f"{step.name} failed:\n{step.output[-4000:]}"
+    assert job.outputs["watch"] == {"outcome": "0", "branch": "main"}
+    summary = (clone / "reports" / "watch.md").read_text()
+    assert "nothing new" in summary and summary in job.summary
+    skipped = {s.name: s.why_not for s in job.steps if not s.ran}
+    assert skipped["Open a pull request (a move ready for review)"].startswith("if: ")
+    assert skipped["Open an issue (work left by hand)"].startswith("if: ")
+    git_status = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"], cwd=clone, capture_output=True, text=True
+    ).stdout
+    assert git_status == ""  # no pin moved, nothing written
