@@ -75,10 +75,16 @@ class ContractRunner:
             for req_id in scheduled:
                 request = scheduler.requests[req_id]
                 # Every token but the last is in the KV cache: a decode's input.
-                assert computed_before[req_id] == request.num_tokens - 1, (req_id, computed_before, request.num_tokens)
+                assert computed_before[req_id] == request.num_tokens - 1, (
+                    req_id,
+                    computed_before,
+                    request.num_tokens,
+                )
                 if request.num_output_tokens == 0:
                     # A prompt's last token: a step of its own.
-                    assert len(scheduled) == 1, f"a prompt's last token shares a step with {sorted(scheduled)}"
+                    assert len(scheduled) == 1, (
+                        f"a prompt's last token shares a step with {sorted(scheduled)}"
+                    )
                     self.one_token_prompt_steps += 1
 
         # 2. The block tables.
@@ -142,7 +148,7 @@ class ContractRunner:
     def _computed_before(self, output: Any) -> dict[str, int]:
         computed = {data.req_id: data.num_computed_tokens for data in output.scheduled_new_reqs}
         cached = output.scheduled_cached_reqs
-        computed.update(zip(cached.req_ids, cached.num_computed_tokens))
+        computed.update(zip(cached.req_ids, cached.num_computed_tokens, strict=True))
         for req_id, value in computed.items():
             # The runner's count is the scheduler's before this step.
             request = self.scheduler.requests[req_id]
@@ -153,7 +159,7 @@ class ContractRunner:
         for data in output.scheduled_new_reqs:
             self.tables[data.req_id] = list(data.block_ids[0])
         cached = output.scheduled_cached_reqs
-        for req_id, new_blocks in zip(cached.req_ids, cached.new_block_ids):
+        for req_id, new_blocks in zip(cached.req_ids, cached.new_block_ids, strict=True):
             if req_id in cached.resumed_req_ids:
                 # Resumed: the whole table, replacing the old one.
                 assert new_blocks is not None
@@ -316,15 +322,15 @@ def test_sub_block_copies_are_in_kv_cache_block_copies(sub_block_size: int) -> N
         enable_prefix_caching=True,
     )
     driver = drive(scheduler)
-    system = h.distinct_prompt(3, 24)
-    for i, tail in enumerate((4, 12, 20)):
-        request = h.make_request(
-            f"s{i}", system + h.distinct_prompt(50 + i, tail), max_tokens=3, hash_block_size=sub_block_size
-        )
-        driver.add(request)
-        driver.run(20, until=[f"s{i}"])
+    # The later two extend the first's whole 26-token prompt: they hit its partial
+    # entry, 24 tokens at sub-block 4 and 8 (tests/support/upstream_rules.py), which
+    # ends inside block 1.
+    first = h.distinct_prompt(3, 26)
+    for i, tail in enumerate((0, 14, 20)):
+        prompt = first + h.distinct_prompt(50 + i, tail)
+        driver.add(h.make_request(f"s{i}", prompt, max_tokens=3, hash_block_size=sub_block_size))
+        driver.run(20)
     assert not scheduler.has_requests()
-    # The second and third share 24 tokens with the first: a hit ending inside block 1.
     assert driver.runner.copies == 2
     h.assert_all_blocks_free(scheduler)
 

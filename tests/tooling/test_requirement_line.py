@@ -31,7 +31,9 @@ def plugin_wheel(out_dir: Path, requirement: str) -> Path:
     (dist_info / "METADATA").write_text(
         f"Metadata-Version: 2.1\nName: rbln-plugin\nVersion: 1.0\nRequires-Dist: {requirement}\n"
     )
-    (dist_info / "WHEEL").write_text("Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+    (dist_info / "WHEEL").write_text(
+        "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    )
     return pack_wheel(src, out_dir / "rbln_plugin-1.0-py3-none-any.whl", 1_700_000_000)
 
 
