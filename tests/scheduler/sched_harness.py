@@ -20,6 +20,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -163,6 +164,19 @@ class StepRecord:
     # Tokens each scheduled request had computed when the step started (for
     # a request's first step: its prefix-cache and connector hit).
     num_computed_before: dict[str, int] = field(default_factory=dict)
+    # Requests whose batch samples a token (their computed tokens reach
+    # the end of their known tokens): a request's first is its first token.
+    sampled_req_ids: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class _Batch:
+    """A scheduled batch on its way through the simulated model runner."""
+
+    output: SchedulerOutput
+    record: StepRecord
+    req_ids: list[str]
+    sampled: list[list[int]]
 
 
 @dataclass
@@ -189,15 +203,44 @@ class Driver:
     # vllm:num_preemptions as the engine reports it: the scheduler's count
     # (SchedulerStats.num_preempted_reqs), summed over steps.
     reported_preemptions: int = 0
+    # Batches in flight at most (`EngineCore.batch_queue_size`): 1 runs
+    # `step()`, more `step_with_batch_queue()`.
+    max_in_flight: int = 1
     _loading: dict[str, int] = field(default_factory=dict)
+    _in_flight: deque[_Batch] = field(default_factory=deque)
 
     def add(self, request: Request) -> None:
         self.scheduler.add_request(request)
 
     def step(self) -> StepRecord:
-        from vllm.v1.outputs import DraftTokenIds, KVConnectorOutput, ModelRunnerOutput
-        from vllm.v1.request import RequestStatus
+        """One engine-core step with one batch in flight: schedule, run, update."""
+        batch = self._schedule()
+        self._update(batch)
+        return batch.record
 
+    def step_with_batch_queue(self) -> StepRecord | None:
+        """One call of `EngineCore.step_with_batch_queue` with a queue of
+        `max_in_flight` batches (async scheduling keeps two; so does pipeline
+        parallelism, one per stage): schedule a batch if there are requests;
+        while the queue has room (and the batch scheduled work, or more
+        requests wait) return without an output; else take the oldest batch's
+        output and update the scheduler with it. Returns the scheduled step,
+        or None when this call only took an output."""
+        record = None
+        if self.scheduler.has_requests():
+            batch = self._schedule()
+            record = batch.record
+            self._in_flight.append(batch)
+            if len(self._in_flight) < self.max_in_flight and (
+                record.num_scheduled_tokens or self.scheduler.has_requests()
+            ):
+                return record
+        elif not self._in_flight:
+            return None
+        self._update(self._in_flight.popleft())
+        return record
+
+    def _schedule(self) -> _Batch:
         scheduler = self.scheduler
         if self.throttle is None:
             output = scheduler.schedule()
@@ -207,19 +250,31 @@ class Driver:
         for req_id in record.preempted_req_ids:
             self.preemptions[req_id] = self.preemptions.get(req_id, 0) + 1
 
+        # What the simulated model will sample, decided as the batch is
+        # scheduled (with batches in flight, the request moves on before its
+        # output comes back): a chunk that does not reach the end of the
+        # request's known tokens samples nothing.
         req_ids: list[str] = []
         sampled: list[list[int]] = []
         for req_id in output.num_scheduled_tokens:
             request = scheduler.requests[req_id]
             req_ids.append(req_id)
             if request.num_computed_tokens < request.num_tokens:
-                # A prefill chunk that does not reach the end samples nothing.
                 sampled.append([])
                 continue
             drafts = output.scheduled_spec_decode_tokens.get(req_id, [])
             num_accepted = min(self.accept(req_id, len(drafts)), len(drafts))
             sampled.append([DRAFT_TOKEN] * num_accepted + [SAMPLED_TOKEN])
+            record.sampled_req_ids.append(req_id)
+        self.steps.append(record)
+        return _Batch(output, record, req_ids, sampled)
 
+    def _update(self, batch: _Batch) -> None:
+        from vllm.v1.engine import EngineCoreEventType
+        from vllm.v1.outputs import DraftTokenIds, KVConnectorOutput, ModelRunnerOutput
+        from vllm.v1.request import RequestStatus
+
+        scheduler = self.scheduler
         finished_recving: set[str] = set()
         for req_id, request in scheduler.requests.items():
             if request.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
@@ -232,9 +287,9 @@ class Driver:
             del self._loading[req_id]
 
         model_output = ModelRunnerOutput(
-            req_ids=req_ids,
-            req_id_to_index={req_id: i for i, req_id in enumerate(req_ids)},
-            sampled_token_ids=sampled,
+            req_ids=batch.req_ids,
+            req_id_to_index={req_id: i for i, req_id in enumerate(batch.req_ids)},
+            sampled_token_ids=batch.sampled,
             logprobs=None,
             prompt_logprobs_dict={},
             pooler_output=[],
@@ -242,11 +297,19 @@ class Driver:
                 KVConnectorOutput(finished_recving=finished_recving) if finished_recving else None
             ),
         )
-        engine_outputs = scheduler.update_from_output(output, model_output)
+        engine_outputs = scheduler.update_from_output(batch.output, model_output)
         for outputs in engine_outputs.values():
-            if outputs.scheduler_stats is not None:
-                self.reported_preemptions += getattr(outputs.scheduler_stats, "num_preempted_reqs", 0)
+            stats = outputs.scheduler_stats
+            counted = stats is not None and hasattr(stats, "num_preempted_reqs")
+            if counted:
+                self.reported_preemptions += stats.num_preempted_reqs  # type: ignore[union-attr]
             for request_output in outputs.outputs:
+                if not counted:
+                    # A vLLM without the scheduler's count: its front end counts
+                    # the PREEMPTED events that reach it with a request's output.
+                    self.reported_preemptions += sum(
+                        event.type == EngineCoreEventType.PREEMPTED for event in request_output.events or ()
+                    )
                 if request_output.finish_reason is not None:
                     self.finished.add(request_output.request_id)
 
@@ -259,8 +322,6 @@ class Driver:
                     draft_token_ids=[[DRAFT_TOKEN] * scheduler.num_spec_tokens for _ in drafting],
                 )
             )
-        self.steps.append(record)
-        return record
 
     def run(self, max_steps: int, until: Iterable[str] | None = None) -> int:
         """Step until `until` (default: every request) finished, at most
@@ -269,9 +330,12 @@ class Driver:
         for taken in range(max_steps):
             if target is not None and target <= self.finished:
                 return taken
-            if target is None and not self.scheduler.has_requests():
+            if target is None and not self.scheduler.has_requests() and not self._in_flight:
                 return taken
-            self.step()
+            if self.max_in_flight > 1:
+                self.step_with_batch_queue()
+            else:
+                self.step()
         return max_steps
 
     def _record(self, output: SchedulerOutput) -> StepRecord:
@@ -297,7 +361,12 @@ class Driver:
             preempted_req_ids=set(output.preempted_req_ids),
             num_free_blocks_after=scheduler.kv_cache_manager.block_pool.get_num_free_blocks(),
             block_copies=[
-                (copy.src_block_id, copy.dst_block_id) for copy in output.kv_cache_block_copies or ()
+                (copy.src_block_id, copy.dst_block_id)
+                for copy in output.kv_cache_block_copies
+                # vllm-rbln 0.12.0's RBLNSchedulerOutput puts them here instead
+                # (the parity tier, docs/parity.md).
+                or getattr(output, "kv_cache_copy_ops", None)
+                or ()
             ],
             num_computed_before=computed_before,
         )

