@@ -23,6 +23,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -46,7 +47,7 @@ DRIVE = ROOT / "tests" / "parity" / "drive.py"
 WORKLOADS = ("pd-decode-side", "async-roomy", "sub-block-shared-prefix")
 
 
-def _drive(python: Path, side: str, tree: Path, args: list[str]) -> dict[str, object]:
+def _drive(python: Path, side: str, tree: Path, args: list[str], out: Path) -> dict[str, object]:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update(
         VLLM_PLUGINS="none",
@@ -55,10 +56,8 @@ def _drive(python: Path, side: str, tree: Path, args: list[str]) -> dict[str, ob
         HF_HUB_OFFLINE="1",
         TRANSFORMERS_OFFLINE="1",
     )
-    out = subprocess.run(
-        [str(python), str(DRIVE), side, str(tree), *args], check=True, capture_output=True, text=True, env=env
-    ).stdout
-    result: dict[str, object] = json.loads(out)
+    subprocess.run([str(python), str(DRIVE), side, str(tree), str(out), *args], check=True, env=env)
+    result: dict[str, object] = json.loads(out.read_text())
     return result
 
 
@@ -76,15 +75,21 @@ def main() -> int:
     with (
         vllm_venv(result.wheel, _test_lock(pin, project)) as ours_python,
         parity.reference_venv(parity.reference_build(project)) as reference,
+        tempfile.TemporaryDirectory() as tmp,
     ):
         sides = {"ours": (ours_python, patched), "vllm-rbln": (reference.python, reference.tree)}
         traces = {
-            side: {t["workload"]: t for t in _drive(python, side, tree, list(WORKLOADS))["traces"]}  # type: ignore[index]
+            side: {
+                t["workload"]: t
+                for t in _drive(python, side, tree, list(WORKLOADS), Path(tmp) / f"{side}.json")["traces"]
+            }  # type: ignore[index]
             for side, (python, tree) in sides.items()
         }
         cpu = {
             side: float(
-                _drive(python, side, tree, ["--time-decodes", str(args.steps)])["cpu_seconds_per_step"]
+                _drive(
+                    python, side, tree, ["--time-decodes", str(args.steps)], Path(tmp) / f"{side}-cpu.json"
+                )["cpu_seconds_per_step"]
             )  # type: ignore[arg-type]
             for side, (python, tree) in sides.items()
         }

@@ -49,5 +49,6 @@ compile test "the build lock plus what \`python build.py test\` needs (pytest, t
 compile dev "the test lock plus what development needs (\`python build.py lint\`: ruff, mypy)." "$@"
 compile vllm-test "vLLM's runtime dependencies for the scheduler and conformance tiers (their own venv)." "$@"
 compile vllm-test-0.32 "vLLM 0.32.0's and 0.33.0's runtime dependencies for the scheduler and conformance tiers (pins.toml)." "$@"
+compile vllm-test-0.30 "vLLM 0.30.0's runtime dependencies for the parity tier's reference venv (docs/parity.md)." "$@"
 # Installed with --no-deps (its own pins name the RBLN device stack): its dependencies stay out.
 compile vllm-rbln "vllm-rbln 0.12.0 for the parity tier's reference venv (pip --no-deps, docs/parity.md)." --no-deps "$@"

@@ -1,7 +1,10 @@
 """Run the parity workloads on one side and print their traces as JSON (docs/parity.md).
 
-    python drive.py ours <patched vLLM source tree> [workload ...]
-    python drive.py vllm-rbln <vLLM 0.30.0 source tree> [workload ...]
+    python drive.py ours <patched vLLM source tree> <out.json> [workload ...]
+    python drive.py vllm-rbln <vLLM 0.30.0 source tree> <out.json> [workload ...]
+    python drive.py <side> <tree> <out.json> --time-decodes N     (bench/bench_parity.py)
+
+The JSON goes to ``out.json`` (vLLM 0.30.0 logs to stdout).
 
 Run by the parity tier in each side's venv: ``ours`` where the pin's RBLN wheel is installed,
 ``vllm-rbln`` in the reference venv (an unpatched empty-device vLLM 0.30.0 and vllm-rbln 0.12.0,
@@ -141,10 +144,10 @@ def make_vllm_rbln(w: Workload) -> Any:
 
 
 def hash_block_size(scheduler: Any, w: Workload) -> int:
-    """The prefix-hash granularity the engine core would hash requests with: the scheduler's
-    KV cache manager's (ours: the sub-block size in sub-block mode; vllm-rbln's sub-block
-    manager hashes whole blocks and keeps its own sub-block hashes)."""
-    return int(getattr(scheduler.kv_cache_manager, "hash_block_size", None) or w.block_size)
+    """The prefix-hash granularity the engine core hashes requests with: the scheduler's
+    (ours: the sub-block size in sub-block mode; vllm-rbln's sub-block manager hashes whole
+    blocks and keeps its own sub-block hashes)."""
+    return int(getattr(scheduler, "hash_block_size", None) or w.block_size)
 
 
 def run(side: str, w: Workload) -> dict[str, Any]:
@@ -259,29 +262,36 @@ def time_decodes(side: str, steps: int) -> dict[str, Any]:
     return {"cpu_seconds_per_step": spent / steps, "steps": steps}
 
 
+def _progress(trace: dict[str, Any]) -> dict[str, Any]:
+    print(f"{trace['side']}: {trace['workload']} {trace.get('error', 'done')}", file=sys.stderr, flush=True)
+    return trace
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) < 3 or argv[1] not in SIDES:
+    if len(argv) < 4 or argv[1] not in SIDES:
         print(
-            f"usage: {argv[0]} {{{','.join(SIDES)}}} <vllm-source-tree> [workload ... | --time-decodes N]",
+            f"usage: {argv[0]} {{{','.join(SIDES)}}} <vllm-source-tree> <out.json> "
+            "[workload ... | --time-decodes N]",
             file=sys.stderr,
         )
         return 2
-    side, tree, names = argv[1], argv[2], argv[3:]
-    if names[:1] == ["--time-decodes"]:
-        h.load_vllm_test_harness(tree)
-        print(json.dumps(time_decodes(side, int(names[1]))))
-        return 0
-    unknown = [n for n in names if n not in BY_NAME]
+    side, tree, out, names = argv[1], argv[2], Path(argv[3]), argv[4:]
+    timing = names[:1] == ["--time-decodes"]
+    unknown = [n for n in names if n not in BY_NAME] if not timing else []
     if unknown:
         print(f"unknown workloads: {', '.join(unknown)} (tests/parity/workloads.py)", file=sys.stderr)
         return 2
-    h.load_vllm_test_harness(tree)
     if side == VLLM_RBLN:
-        declare_cr13_platform()
+        declare_cr13_platform()  # first: every module that asks gets this one platform
+    h.load_vllm_test_harness(tree)
     import vllm
 
-    traces = [run(side, w) for w in (WORKLOADS if not names else [BY_NAME[n] for n in names])]
-    print(json.dumps({"side": side, "vllm": vllm.__version__, "vllm_file": vllm.__file__, "traces": traces}))
+    if timing:
+        result = time_decodes(side, int(names[1]))
+    else:
+        traces = [_progress(run(side, w)) for w in (WORKLOADS if not names else [BY_NAME[n] for n in names])]
+        result = {"side": side, "vllm": vllm.__version__, "vllm_file": vllm.__file__, "traces": traces}
+    out.write_text(json.dumps(result))
     return 0
 
 

@@ -195,7 +195,7 @@ def load_differences(path: Path, pin: str) -> tuple[Difference, ...]:
             raise ParityError(f"{where} lists {workload} / {figure} a second time.")
         seen.add((workload, figure))
         if not pins or pin in pins:
-            result.append(Difference(workload, Figure(figure), why.strip(), tuple(pins)))
+            result.append(Difference(workload, Figure(figure), " ".join(why.split()), tuple(pins)))
     return tuple(result)
 
 
@@ -210,7 +210,7 @@ def load_cannot_run(path: Path) -> tuple[tuple[str, str], ...]:
         what, why = entry.get("what"), entry.get("why")
         if not (isinstance(what, str) and what.strip() and isinstance(why, str) and why.strip()):
             raise ParityError(f"{path}: item {i + 1} needs a non-empty 'what' and 'why'.")
-        items.append((what.strip(), why.strip()))
+        items.append((" ".join(what.split()), " ".join(why.split())))
     return tuple(items)
 
 

@@ -9,6 +9,7 @@ where ours no longer falls behind fails as stale. The report (the table) is writ
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -43,34 +44,56 @@ def _env(name: str) -> str:
     return value
 
 
-def _start(python: str, side: str, tree: str) -> subprocess.Popen[str]:
+def _start(python: str, side: str, tree: str, out: Path) -> subprocess.Popen[str]:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["VLLM_PLUGINS"] = "none"  # vllm-rbln's general plugin imports the RBLN compiler
     return subprocess.Popen(
-        [python, str(HERE / "drive.py"), side, tree],
-        stdout=subprocess.PIPE,
+        [python, str(HERE / "drive.py"), side, tree, str(out)],
+        stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
         env=env,
     )
 
 
-def _collect(process: subprocess.Popen[str], side: str) -> dict[str, Any]:
-    out, err = process.communicate()
+def _collect(process: subprocess.Popen[str], side: str, out: Path) -> dict[str, Any]:
+    _, err = process.communicate()
     if process.returncode != 0:
         pytest.fail(f"the {side} driver failed (exit {process.returncode}):\n{err[-4000:]}", pytrace=False)
-    result: dict[str, Any] = json.loads(out)
+    result: dict[str, Any] = json.loads(out.read_text())
     return result
+
+
+def reference_key() -> str:
+    """What the vllm-rbln side's traces depend on: the driver, the workloads, the simulated
+    runner (their bytes), and the reference venv and tree (their paths hold the hash of
+    everything installed in them: vllm_rbln_fork/testing/parity.py)."""
+    digest = hashlib.sha256()
+    for path in (HERE / "drive.py", HERE / "workloads.py", HERE.parent / "scheduler" / "sched_harness.py"):
+        digest.update(path.read_bytes() + b"\0")
+    for name in ("VLLM_RBLN_PARITY_PYTHON", "VLLM_RBLN_PARITY_TREE"):
+        digest.update(_env(name).encode() + b"\0")
+    return digest.hexdigest()[:16]
 
 
 @pytest.fixture(scope="module")
-def runs() -> dict[str, dict[str, Any]]:
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    """Both sides' traces. The vllm-rbln side's are the same at every pin: kept beside the
+    report under ``reference_key()``, so the tier runs that side once per run of the suite."""
     for name in REQUIRED:
         _env(name)
-    ours = _start(_env("VLLM_RBLN_VLLM_PYTHON"), "ours", _env("VLLM_RBLN_SOURCE_TREE"))
-    theirs = _start(_env("VLLM_RBLN_PARITY_PYTHON"), "vllm-rbln", _env("VLLM_RBLN_PARITY_TREE"))
-    result = {"ours": _collect(ours, "ours"), "vllm-rbln": _collect(theirs, "vllm-rbln")}
-    return result
+    reports = Path(_env("VLLM_RBLN_PARITY_REPORT")).parent
+    reports.mkdir(parents=True, exist_ok=True)
+    kept = reports / f"traces-vllm-rbln-{reference_key()}.json"
+    ours_out = tmp_path_factory.mktemp("parity") / "ours.json"
+    ours = _start(_env("VLLM_RBLN_VLLM_PYTHON"), "ours", _env("VLLM_RBLN_SOURCE_TREE"), ours_out)
+    if not kept.exists():
+        partial = kept.with_suffix(f".{os.getpid()}.tmp")
+        theirs = _start(_env("VLLM_RBLN_PARITY_PYTHON"), "vllm-rbln", _env("VLLM_RBLN_PARITY_TREE"), partial)
+        _collect(theirs, "vllm-rbln", partial)
+        partial.replace(kept)
+    theirs_run = json.loads(kept.read_text())
+    return {"ours": _collect(ours, "ours", ours_out), "vllm-rbln": theirs_run}
 
 
 @pytest.fixture(scope="module")

@@ -88,7 +88,10 @@ def test_behind_and_unlisted_fails_listed_passes() -> None:
         Figure.STEPS: fig.Verdict.BEHIND,
         Figure.HIT_TOKENS: fig.Verdict.BEHIND,
     }
-    listed = [fig.Difference(W.name, Figure.STEPS, "no mixed steps"), fig.Difference(W.name, Figure.HIT_TOKENS, "x")]
+    listed = [
+        fig.Difference(W.name, Figure.STEPS, "no mixed steps"),
+        fig.Difference(W.name, Figure.HIT_TOKENS, "x"),
+    ]
     judged = fig.judge(W, ours, theirs, listed)
     assert not any(j.fails for j in judged)
 
@@ -116,7 +119,9 @@ def test_differences_must_name_a_workload_and_a_judged_figure(tmp_path: Path) ->
     path.write_text('[[difference]]\nworkload = "roomy-pool"\nfigure = "blocks leaked"\nwhy = "x"\n')
     with pytest.raises(fig.ParityError, match="judges"):
         fig.load_differences(path, "0.31.0")
-    path.write_text('[[difference]]\nworkload = "roomy-pool"\nfigure = "steps"\nwhy = "x"\npins = ["0.32.0"]\n')
+    path.write_text(
+        '[[difference]]\nworkload = "roomy-pool"\nfigure = "steps"\nwhy = "x"\npins = ["0.32.0"]\n'
+    )
     assert fig.load_differences(path, "0.31.0") == ()
     assert len(fig.load_differences(path, "0.32.0")) == 1
 

@@ -5,8 +5,8 @@ only vLLM and ``vllm_rbln`` itself, so they run over an **unpatched empty-device
 0.30.0's sdist** (the sdist hash-checked against ``pins.lock``, the wheel built by the same
 ``wheel.build_wheel`` as ours, with no series), in a venv of their own:
 
-* vLLM's runtime dependencies from ``requirements/vllm-test.lock`` (0.31.0's, which 0.30.0's
-  requirements accept: ``uv pip check`` after the install says so or fails the setup);
+* vLLM 0.30.0's runtime dependencies from ``requirements/vllm-test-0.30.lock`` (0.31.0's but
+  for ``openai-harmony``; ``uv pip check`` after the wheel's install says they satisfy it);
 * that wheel, with no dependencies of its own (``install_wheel``);
 * ``vllm-rbln==0.12.0`` from ``requirements/vllm-rbln.lock`` (hash-pinned, ``--no-deps``).
 
@@ -35,7 +35,7 @@ from ..project import Project
 from ..source import SourceSpec, fetch_sdist, unpack_sdist
 
 REFERENCE_PIN = Pin.parse("0.30.0")
-VLLM_LOCK = PROJECT_ROOT / "requirements" / "vllm-test.lock"
+VLLM_LOCK = PROJECT_ROOT / "requirements" / "vllm-test-0.30.lock"
 VLLM_RBLN_LOCK = PROJECT_ROOT / "requirements" / "vllm-rbln.lock"
 KEY_FORMAT = "parity-reference-1"  # bump when the way the reference side is made changes
 
