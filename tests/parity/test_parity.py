@@ -32,6 +32,7 @@ REQUIRED = (
     "VLLM_RBLN_PARITY_PYTHON",  # vllm-rbln: the reference venv
     "VLLM_RBLN_PARITY_TREE",  # vllm-rbln: vLLM 0.30.0's unpacked sdist
     "VLLM_RBLN_PARITY_REPORT",  # where the report goes
+    "VLLM_RBLN_PARITY_TRACES",  # where the vllm-rbln side's traces are kept between pins
 )
 
 
@@ -78,13 +79,14 @@ def reference_key() -> str:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
-    """Both sides' traces. The vllm-rbln side's are the same at every pin: kept beside the
-    report under ``reference_key()``, so the tier runs that side once per run of the suite."""
+    """Both sides' traces. The vllm-rbln side's are the same at every pin: kept in
+    ``VLLM_RBLN_PARITY_TRACES`` under ``reference_key()``, so that side runs once while its
+    inputs are unchanged."""
     for name in REQUIRED:
         _env(name)
-    reports = Path(_env("VLLM_RBLN_PARITY_REPORT")).parent
-    reports.mkdir(parents=True, exist_ok=True)
-    kept = reports / f"traces-vllm-rbln-{reference_key()}.json"
+    traces = Path(_env("VLLM_RBLN_PARITY_TRACES"))
+    traces.mkdir(parents=True, exist_ok=True)
+    kept = traces / f"vllm-rbln-{reference_key()}.json"
     ours_out = tmp_path_factory.mktemp("parity") / "ours.json"
     ours = _start(_env("VLLM_RBLN_VLLM_PYTHON"), "ours", _env("VLLM_RBLN_SOURCE_TREE"), ours_out)
     if not kept.exists():

@@ -364,9 +364,16 @@ def run_tests(argv: list[str]) -> int:
             )
             timed("scheduler", tag, python, ["tests/scheduler"], env, ["-n", "2", *args.pytest_args])
         if "parity" in tiers:
-            report = cache_root() / "parity" / "reports" / f"parity-{pin}.txt"
+            # Beside the time table when there is one (CI uploads that folder), else the cache.
+            report_dir = args.time_table.parent if args.time_table else cache_root() / "parity" / "reports"
+            report = report_dir / f"parity-{pin}.txt"
             report.unlink(missing_ok=True)
-            parity_env = {**env, **reference_env, "VLLM_RBLN_PARITY_REPORT": str(report)}
+            parity_env = {
+                **env,
+                **reference_env,
+                "VLLM_RBLN_PARITY_REPORT": str(report),
+                "VLLM_RBLN_PARITY_TRACES": str(cache_root() / "parity" / "traces"),
+            }
             timed("parity", tag, Path(sys.executable), ["tests/parity"], parity_env, args.pytest_args)
             if report.exists():
                 print(f"\n{report.read_text()}(the report: {report}, both sides' traces beside it as .json)")
