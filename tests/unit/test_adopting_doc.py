@@ -4,6 +4,7 @@ names only tests that exist): a renamed or removed test breaks this, not a reade
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,3 +44,23 @@ def test_every_row_has_an_answer_and_a_pointer() -> None:
         assert len(row) == 4, row
         assert row[2].split(" ")[0] in ("same", "better", "behind", "different"), row
         assert "`" in row[3] or row[3].startswith(NONE_YET), row
+
+
+def test_every_workload_named_is_a_parity_workload() -> None:
+    """The parity table's workloads are the parity tier's, by name (tests/parity/workloads.py,
+    pure data)."""
+    import importlib.util
+
+    path = ROOT / "tests" / "parity" / "workloads.py"
+    spec = importlib.util.spec_from_file_location("parity_workloads", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    names = set(module.BY_NAME)
+    named = 0
+    for row in parity_rows():
+        for ref in re.findall(r"`([a-z0-9][a-z0-9-]*)`", row[3]):
+            assert ref in names, f"{ref} is not a parity workload"
+            named += 1
+    assert named >= 15
