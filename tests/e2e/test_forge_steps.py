@@ -5,12 +5,15 @@ step evaluated and the outputs of one step given to the next.
 * CI's first job (the tooling tier, lint, the matrix from pins.toml): the cell every run has,
   and the one that makes the matrix of the others;
 * Watch with nothing new (the newest vLLM release on the index is a supported pin): exit 0,
-  and neither the pull request step nor the issue step runs.
+  and neither the pull request step nor the issue step runs;
+* Release's wheel job for the pure wheel of the pin under test, its secrets (a real
+  pypiserver on 127.0.0.1 and a user and password) given as the forge gives them.
 
 Not run here: the forge's own actions (checkout, setup-python, cache, upload-artifact; the
-clone and this machine's Python stand for the first two), the secrets (none is needed by
-these jobs), and ``gh``/``git push`` (the steps that open a pull request or an issue are
-conditioned on the watcher's exit status, and their conditions are evaluated: false here).
+clone and this machine's Python stand for the first two), the forge's secrets store (the
+release test passes its own, through the same env: lines), and ``gh``/``git push`` (the
+steps that open a pull request or an issue are conditioned on the watcher's exit status, and
+their conditions are evaluated: false here).
 The tooling tier (the workflows' actionlint included) runs in CI's first job.
 """
 
@@ -21,6 +24,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 from workflow_steps import fresh_clone, run_job
@@ -30,6 +34,7 @@ from vllm_rbln_fork.project import Project
 from vllm_rbln_fork.testing.matrix import matrix
 
 WORKFLOWS = PROJECT_ROOT / ".github" / "workflows"
+SECRET = "pw-3f9a51c2-never-in-logs"
 
 
 @pytest.fixture
@@ -95,3 +100,41 @@ def test_watch_with_nothing_new_exits_0_and_opens_nothing(tmp_path: Path, machin
         ["git", "status", "--porcelain", "--untracked-files=no"], cwd=clone, capture_output=True, text=True
     ).stdout
     assert git_status == ""  # no pin moved, nothing written
+
+
+def test_release_builds_and_publishes_with_the_url_and_credentials_from_secrets(
+    tmp_path: Path, machine: dict[str, str], kit: ModuleType
+) -> None:
+    """Release's wheel job, the pure cell of the pin under test, against a real pypiserver: the
+    secrets reach the publish through env:, the upload lands, a second run finds the same bytes
+    there, and credentials written into the URL are refused with nothing uploaded."""
+    pin = os.environ.get("VLLM_RBLN_PIN", "0.31.0")
+    # The build cache of this run, as actions/cache restores it: the wheel is a cache hit.
+    machine["VLLM_RBLN_FORK_CACHE"] = os.environ.get("VLLM_RBLN_FORK_CACHE", machine["VLLM_RBLN_FORK_CACHE"])
+    clone = fresh_clone(PROJECT_ROOT, tmp_path)
+    with kit.pypiserver(tmp_path / "packages", tmp_path / "pypiserver.log") as server:
+        secrets = {"INDEX_UPLOAD_URL": server.url, "INDEX_USERNAME": "release-bot", "INDEX_PASSWORD": SECRET}
+        contexts = {"matrix": {"pin": pin, "base": ""}, "secrets": secrets}
+        for attempt in ("first", "again"):
+            job = run_job(WORKFLOWS / "release.yml", "wheel", clone, contexts, machine, tmp_path / attempt)
+            publish = job.step("Build and publish")
+            assert publish.ran and publish.status == 0, publish.output[-4000:]
+            assert SECRET not in publish.output
+        assert "already there, same bytes" in publish.output
+        (wheel,) = (clone / "dist").glob(f"vllm-{pin}+rbln.*-py3-none-any.whl")
+        assert (tmp_path / "packages" / wheel.name).read_bytes() == wheel.read_bytes()
+
+        leaky = {
+            **secrets,
+            "INDEX_UPLOAD_URL": server.url.replace("http://", f"http://release-bot:{SECRET}@"),
+        }
+        refused = run_job(
+            WORKFLOWS / "release.yml",
+            "wheel",
+            clone,
+            {**contexts, "secrets": leaky},
+            machine,
+            tmp_path / "leaky",
+        ).step("Build and publish")
+        assert refused.status != 0 and "TWINE_USERNAME" in refused.output
+        assert sorted(p.name for p in (tmp_path / "packages").iterdir()) == [wheel.name]
