@@ -107,10 +107,7 @@ def parse_patch(name: str, data: bytes, path: str = "") -> Patch:
     msg = email.message_from_string(header_text + "\n\n", policy=email.policy.default)
     subject = " ".join(str(msg.get("Subject", "")).split())
     subject = re.sub(r"^\[PATCH[^\]]*\]\s*", "", subject)
-    body, sep, _diff = rest.partition("\n---\n")
-    if not sep:
-        body = rest.split("\ndiff --git ", 1)[0]
-    body = body.strip("\n")
+    body = message_of(rest)
     description, trailers = _split_trailers(body)
     return Patch(
         name=name,
@@ -124,6 +121,19 @@ def parse_patch(name: str, data: bytes, path: str = "") -> Patch:
         text=text,
         path=path if path != name else "",
     )
+
+
+# The end of a patch's message: the diffstat git format-patch writes without --no-stat
+# ("---", then indented lines: " path | 2 +-", " 1 file changed"), before the diff.
+STAT = re.compile(r"\n---\n(?:[ \t][^\n]*\n|\n)*\Z")
+
+
+def message_of(rest: str) -> str:
+    """The commit message below the subject of a format-patch file (``rest``: all after the
+    header): up to the first ``diff --git`` line, less a diffstat. A ``---`` line of the
+    message itself is kept (export writes no diffstat: --no-stat)."""
+    body = rest.split("\ndiff --git ", 1)[0] if not rest.startswith("diff --git ") else ""
+    return STAT.sub("\n", body + "\n").strip("\n")
 
 
 def _split_trailers(body: str) -> tuple[str, tuple[tuple[str, str], ...]]:

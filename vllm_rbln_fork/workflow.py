@@ -17,7 +17,7 @@ from .paths import upstream_repo_dir
 from .pins import Pin, PinsLock
 from .pipeline import apply_series, build_lock, prepare, scratch_dir
 from .project import Project
-from .series import lint, parse_patch, read_series, read_series_names, render_series
+from .series import Patch, lint, parse_patch, read_series, read_series_names, render_series
 from .source import SourceSpec
 from .supported import listed_pins, read_series_for, series_pins, supported_pins, unused_patch_files
 
@@ -83,6 +83,25 @@ def continue_carry(tree: Path) -> resolutions.Progress:
             f"{tree}: still unresolved: {', '.join(left)}. Edit them, 'git add' them, then run this again."
         )
     return resolutions.advance(repo, tree)
+
+
+def _check_message_kept(repo: Repo, commit: str, patch: Patch) -> None:
+    """The patch file gives back the commit's whole message, or a SeriesError naming the line
+    that cuts it: a message line starting ``diff --git`` reads as the start of the diff."""
+    message = repo.out("log", "-1", "--format=%B", commit)
+    if " ".join(patch.message.split()) == " ".join(message.split()):
+        return
+    for number, line in enumerate(message.splitlines(), start=1):
+        if line.startswith("diff --git "):
+            raise SeriesError(
+                f"commit {commit[:12]} ({patch.subject!r}): line {number} of its message, {line!r}, "
+                f"reads in a patch file as the start of the diff, so the rest of the message would "
+                f"be lost. Indent or reword that line ('git rebase -i', reword), then export again."
+            )
+    raise SeriesError(
+        f"commit {commit[:12]} ({patch.subject!r}): its message does not survive as a patch file "
+        f"(it reads back as {patch.message!r}). Reword it ('git rebase -i', reword), then export again."
+    )
 
 
 def slug(subject: str) -> str:
@@ -151,6 +170,7 @@ def export(tree: Path, project: Project, *, promote: bool = False) -> Exported:
         if name in rendered:
             raise SeriesError(f"two commits have subjects that give the same file name {name}; reword one.")
         patch = parse_patch(name, text.encode())
+        _check_message_kept(repo, commit, patch)
         if problems := lint(patch):
             raise SeriesError(
                 f"commit {commit[:12]} ({patch.subject!r}) fails lint: "

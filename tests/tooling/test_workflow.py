@@ -10,6 +10,7 @@ from vllm_rbln_fork.errors import ForkError
 from vllm_rbln_fork.gitrepo import Repo
 from vllm_rbln_fork.paths import upstream_repo_dir
 from vllm_rbln_fork.pins import Pin
+from vllm_rbln_fork.pipeline import build
 from vllm_rbln_fork.workflow import checkout, export
 
 
@@ -127,3 +128,48 @@ def test_checkout_into_a_relative_dir_is_the_series_not_an_empty_repo(
     with pytest.raises(ForkError, match="busy already exists"):
         checkout(Pin.parse("1.0"), fork.spec(), fork.project, Path("busy"))
     assert [p.name for p in (tmp_path / "busy").iterdir()] == ["notes.txt"]
+
+
+def _commit_with_message(fork, tmp_path, message: str):
+    tree = checkout(Pin.parse("1.0"), fork.spec(), fork.project, tmp_path / "msg")
+    repo = Repo(tree, bare=False)
+    gate = tree / "vllm/core/gate.py"
+    gate.write_text(gate.read_text() + "\n# more\n")
+    env = {"GIT_AUTHOR_NAME": "Dev", "GIT_AUTHOR_EMAIL": "d@e.invalid"} | {
+        "GIT_COMMITTER_NAME": "Dev",
+        "GIT_COMMITTER_EMAIL": "d@e.invalid",
+    }
+    repo.run("commit", "-q", "-a", "--cleanup=verbatim", "-m", message, env=env, in_work_tree=True, cwd=tree)
+    return tree
+
+
+def test_a_dashes_line_in_a_commit_message_is_kept_and_not_a_lint_error(fork, tmp_path) -> None:
+    """A '---' line of a message (a Markdown rule, a quoted mail) was read as the end of the
+    message: the trailers below it vanished and lint said 'no Origin: trailer'."""
+    from vllm_rbln_fork.series import read_series
+
+    message = (
+        "Mark the end of the gate\n\nThe gate's file gets a closing comment so a reader sees where it ends.\n"
+        "---\nA rule above, as in a Markdown note.\n\nOrigin: rbln\n"
+    )
+    export(_commit_with_message(fork, tmp_path, message), fork.project)
+    patch = read_series(fork.project.series_file, fork.project.patches_dir).patches[-1]
+    assert patch.message == message and patch.trailer("Origin") == "rbln"
+    built = build(Pin.parse("1.0"), fork.spec(), fork.project).manifest
+    assert built.applied[-1].subject == "Mark the end of the gate"
+
+
+def test_a_diff_git_line_in_a_commit_message_is_named_and_export_writes_nothing(fork, tmp_path) -> None:
+    import pytest
+
+    from vllm_rbln_fork.errors import SeriesError
+
+    message = (
+        "Mark the end of the gate\n\nThe gate's file gets a closing comment, as upstream's\n"
+        "diff --git a/vllm/core/gate.py b/vllm/core/gate.py did it.\n\nOrigin: rbln\n"
+    )
+    tree = _commit_with_message(fork, tmp_path, message)
+    before = _snapshot(fork.project)
+    with pytest.raises(SeriesError, match=r"line 4 of its message, 'diff --git a/vllm.*start of the diff"):
+        export(tree, fork.project)
+    assert _snapshot(fork.project) == before
