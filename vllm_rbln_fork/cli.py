@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.markup import escape
+from rich.text import Text
 
 from . import log
 from .errors import ForkError
@@ -19,6 +19,14 @@ from .project import Project
 from .source import SourceSpec
 
 console = Console(stderr=True, highlight=False, soft_wrap=True)
+Part = str | tuple[str, str]
+
+
+def say(*parts: Part) -> None:
+    """Print ``parts`` on stderr: a plain string is printed as it is, ``(text, style)`` styled.
+    Never read as rich markup: a message, a path or a reason may hold brackets (``[pin."1.1"]``,
+    ``/tmp/x[/y]``), and markup would drop them or fail on them."""
+    console.print(Text.assemble(*parts))
 
 
 class RichReporter:
@@ -28,23 +36,23 @@ class RichReporter:
         self._bars: dict[str, tuple[Any, object]] = {}  # rich Progress bars, made on first use
 
     def phase_start(self, name: str) -> None:
-        console.print(f"[bold]==>[/bold] {name}")
+        say(("==>", "bold"), f" {name}")
 
     def phase_end(self, name: str, seconds: float) -> None:
-        console.print(f"    [dim]{name}: {seconds:.1f} s[/dim]")
+        say("    ", (f"{name}: {seconds:.1f} s", "dim"))
 
     def message(self, level: log.Level, text: str) -> None:
         style = {"warn": "yellow", "info": ""}.get(level, "")
         prefix = "warning: " if level == "warn" else ""
-        console.print(f"    [{style}]{prefix}{text}[/{style}]" if style else f"    {text}")
+        say("    ", (f"{prefix}{text}", style))
 
     def progress(self, task: str, done: int, total: int | None) -> None:
         if task not in self._bars:
             # Imported here: only a download shows a bar, and a cache hit has none.
-            from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
+            from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
             bar = Progress(
-                "    [progress.description]{task.description}",
+                TextColumn("    {task.description}", style="progress.description", markup=False),
                 BarColumn(),
                 DownloadColumn(),
                 TransferSpeedColumn(),
@@ -133,9 +141,11 @@ def _checkout_parser() -> argparse.ArgumentParser:
         prog="build.py checkout",
         description="Check the series out as a git work tree (one commit per patch) for editing.",
     )
-    parser.add_argument("--pin", required=True)
-    parser.add_argument("--index-url")
-    parser.add_argument("--source")
+    parser.add_argument(
+        "--pin", required=True, help="the vLLM release to check out, e.g. 0.31.0 (its series, or one carried)"
+    )
+    parser.add_argument("--index-url", help="PEP 503/691 index to fetch the sdist from (default: pip's)")
+    parser.add_argument("--source", help="check out over a local sdist, a source tree, or git+URL@REF")
     parser.add_argument("--dir", type=Path, help="where (default: work/vllm-<pin>)")
     return parser
 
@@ -263,10 +273,10 @@ def main(argv: list[str]) -> int:
             return COMMANDS[command](argv[1:])
         _build_parser().error(f"unknown command {command!r}")
     except ForkError as exc:
-        console.print(f"[bold red]error:[/bold red] {exc}")
+        say(("error:", "bold red"), f" {exc}")
         return 2
     except KeyboardInterrupt:
-        console.print("[bold red]interrupted[/bold red]: dist/ and the caches are as they were")
+        say(("interrupted", "bold red"), ": dist/ and the caches are as they were")
         return 130
     return 0
 
@@ -294,18 +304,18 @@ def _build(args: argparse.Namespace) -> int:
         base = BaseWheelSpec.parse(args.base_wheel)
     result = build(pin, spec, Project.default(), use_cache=not args.no_cache, base_wheel=base)
     m = result.manifest
-    console.print(
-        f"[bold green]built[/bold green] {result.wheel}  ({'cache hit, ' if result.cached else ''}"
-        f"{time.perf_counter() - start:.1f} s)"
+    say(
+        ("built", "bold green"),
+        f" {result.wheel}  ({'cache hit, ' if result.cached else ''}{time.perf_counter() - start:.1f} s)",
     )
-    console.print(f"    manifest  {result.manifest_file}")
-    console.print(f"    sha256    {m.wheel_sha256}")
+    say(f"    manifest  {result.manifest_file}")
+    say(f"    sha256    {m.wheel_sha256}")
     if m.base_wheel_file:
-        console.print(f"    base      {m.base_wheel_file}  [dim](sha256 {m.base_wheel_sha256})[/dim]")
+        say(f"    base      {m.base_wheel_file}  ", (f"(sha256 {m.base_wheel_sha256})", "dim"))
     for p in m.applied:
-        console.print(f"    applied   {p.name}  [dim]({p.origin})[/dim]")
+        say(f"    applied   {p.name}  ", (f"({p.origin})", "dim"))
     for p in m.dropped:
-        console.print(f"    [yellow]dropped[/yellow]   {p.name}: {p.reason}")
+        say("    ", ("dropped", "yellow"), f"   {p.name}: {p.reason}")
     if args.publish:
         from .publish import publish
 
@@ -313,9 +323,9 @@ def _build(args: argparse.Namespace) -> int:
             result.wheel, args.publish, index_url=args.check_index, new_project=args.new_project
         )
         state = "already there, same bytes" if published.already_published else "published"
-        console.print(f"[bold green]{state}[/bold green] {published.file_url}")
-        console.print(f"    index     {published.index_url}")
-        console.print(
+        say((state, "bold green"), f" {published.file_url}")
+        say(f"    index     {published.index_url}")
+        say(
             f"    install   pip install --index-url {published.index_url} "
             f'"vllm=={m.wheel_version}"  (sha256 {published.sha256})'
         )
@@ -336,18 +346,18 @@ def _review(args: argparse.Namespace) -> int:
     md, page = write_reports(result, args.report_dir or project.work_dir / f"review-v{pin}")
     style = "bold green" if result.ready else "bold yellow"
     lines = summary_lines(result)
-    console.print(f"[{style}]{lines[0]}[/{style}]")
+    say((lines[0], style))
     for line in lines[1:]:
-        console.print(line)
+        say(line)
     for name in result.written:
-        console.print(f"    wrote {name}")
+        say(f"    wrote {name}")
     if result.instructions:
-        console.print(f"    {result.instructions}")
-    console.print("next:")
+        say(f"    {result.instructions}")
+    say("next:")
     for command in result.next_commands:
-        console.print(f"    {command}")
-    console.print(f"    report    {md}")
-    console.print(f"    report    {page}")
+        say(f"    {command}")
+    say(f"    report    {md}")
+    say(f"    report    {page}")
     print(md)
     return result.exit_code
 
@@ -355,8 +365,7 @@ def _review(args: argparse.Namespace) -> int:
 def _yank(args: argparse.Namespace) -> int:
     from .publish import yank
 
-    yank(args.dest, args.filename, args.reason)
-    console.print(f"yanked {args.filename} in {args.dest}: {args.reason}")
+    yank(args.dest, args.filename, args.reason)  # it says what it did (or that nothing was to do)
     return 0
 
 
@@ -367,9 +376,9 @@ def _checkout(args: argparse.Namespace) -> int:
     spec = SourceSpec.parse(args.source, args.index_url)
     project = Project.default()
     tree = checkout(pin, spec, project, args.dir or project.work_dir / f"vllm-{pin}")
-    console.print(f"[bold green]checked out[/bold green] the series at {tree}")
-    console.print("    edit with git (commit, rebase -i, --fixup), then:")
-    console.print(f"    python build.py export --dir {tree}")
+    say(("checked out", "bold green"), f" the series at {tree}")
+    say("    edit with git (commit, rebase -i, --fixup), then:")
+    say(f"    python build.py export --dir {tree}")
     return 0
 
 
@@ -378,44 +387,47 @@ def _export(args: argparse.Namespace) -> int:
 
     result = export(args.dir.resolve(), Project.default(), promote=args.promote)
     if not result.changed:
-        console.print("export: patches/ and series are unchanged")
+        say("export: patches/ and series are unchanged")
     for name in result.changed:
-        console.print(f"    wrote {name}")
+        say(f"    wrote {name}")
     if args.promote and not result.promoted and not result.kept_own:
-        console.print("export --promote: nothing to promote (no patch other pins share changed at this pin)")
+        say("export --promote: nothing to promote (no patch other pins share changed at this pin)")
     for name, pins in result.kept_own.items():
         others = f"{', '.join(map(str, pins))} still build{'s' if len(pins) == 1 else ''}"
         at_each = "; ".join(f"python build.py checkout --pin {p}" for p in pins)
         if name in result.cannot_promote:
-            said = (
-                f"[bold red]not promoted[/bold red] {name}: {result.cannot_promote[name]}. It is "
+            said: tuple[Part, ...] = (
+                (("not promoted", "bold red"), f" {name}: {result.cannot_promote[name]}. It is ")
                 if args.promote
-                else f"[yellow]note[/yellow] {name} changed at this pin only (it cannot be promoted: "
-                f"{result.cannot_promote[name]}). It is "
+                else (
+                    ("note", "yellow"),
+                    f" {name} changed at this pin only (it cannot be promoted: "
+                    f"{result.cannot_promote[name]}). It is ",
+                )
             )
-            console.print(
-                f"{said}written as this pin's own form (patches/{result.pin}/{name}); {others} the "
+            say(
+                *said,
+                f"written as this pin's own form (patches/{result.pin}/{name}); {others} the "
                 f"shared patches/{name}. To make the change there too, make it at each ({at_each}), "
-                f"then export{' without --promote' if args.promote else ''}."
+                f"then export{' without --promote' if args.promote else ''}.",
             )
             continue
-        console.print(
-            f"[yellow]note[/yellow] {name} changed at this pin only: {others} the shared "
+        say(
+            ("note", "yellow"),
+            f" {name} changed at this pin only: {others} the shared "
             f"patches/{name}. To make the change for every pin, export again with --promote, then "
-            f"test those pins; or make it at each ({at_each})."
+            f"test those pins; or make it at each ({at_each}).",
         )
     for name, own in result.redundant.items():
-        console.print(
-            f"[yellow]redundant[/yellow] {escape(own)} removed: the shared patches/{escape(name)} "
-            f"applies at {result.pin} and gives the same commit (only its line numbers differ), "
-            f"so {result.pin} builds the shared patches/{escape(name)}"
+        say(
+            ("redundant", "yellow"),
+            f" {own} removed: the shared patches/{name} applies at {result.pin} and gives the same "
+            f"commit (only its line numbers differ), so {result.pin} builds the shared patches/{name}",
         )
     for name, pins in result.promoted.items():
-        console.print(
-            f"[yellow]promoted[/yellow] patches/{name}: also in the series of {', '.join(map(str, pins))}"
-        )
+        say(("promoted", "yellow"), f" patches/{name}: also in the series of {', '.join(map(str, pins))}")
         for pin in pins:
-            console.print(f"    test it: python build.py test --pin {pin}")
+            say(f"    test it: python build.py test --pin {pin}")
     return 1 if args.promote and result.cannot_promote else 0
 
 
@@ -428,11 +440,11 @@ def _forget(args: argparse.Namespace) -> int:
     cache = upstream_repo_dir()
     removed = forget(project.rerere_dir, args.ids, Repo(cache) if cache.is_dir() else None)
     for name in removed:
-        console.print(f"    removed {name}")
+        say(f"    removed {name}")
     if any(name.startswith(f"{project.rerere_dir.name}/") for name in removed):
-        console.print("commit the removal; the next carry meets those conflicts again")
+        say("commit the removal; the next carry meets those conflicts again")
     else:
-        console.print(
+        say(
             "only this cache had them: nothing in the project changed; "
             "the next carry meets those conflicts again"
         )
@@ -445,12 +457,12 @@ def _continue(args: argparse.Namespace) -> int:
     tree = args.dir.resolve()
     progress = continue_carry(tree)
     for name in progress.reused:
-        console.print(f"    reused a recorded resolution for {name}")
+        say(f"    reused a recorded resolution for {name}")
     if progress.stopped:
-        console.print(f"[bold yellow]stopped[/bold yellow] at a conflict in {', '.join(progress.unresolved)}")
-        console.print(f"    resolve, 'git add', then: python build.py continue --dir {tree}")
+        say(("stopped", "bold yellow"), f" at a conflict in {', '.join(progress.unresolved)}")
+        say(f"    resolve, 'git add', then: python build.py continue --dir {tree}")
         return 1
-    console.print(f"[bold green]carried[/bold green] every patch; next: python build.py export --dir {tree}")
+    say(("carried", "bold green"), " every patch; next: python build.py export --dir {tree}")
     return 0
 
 
