@@ -342,8 +342,9 @@ def _review(args: argparse.Namespace) -> int:
     spec = SourceSpec.parse(args.source, args.index_url)
     project = Project.default()
     source = Pin.parse(args.source_pin) if args.source_pin else None
-    result = review(pin, spec, project, write=args.write, source=source)
-    md, page = write_reports(result, args.report_dir or project.work_dir / f"review-v{pin}")
+    folder = args.report_dir or project.work_dir / f"review-v{pin}"
+    result = review(pin, spec, project, write=args.write, source=source, report_dir=folder)
+    md, page = write_reports(result, folder)
     style = "bold green" if result.ready else "bold yellow"
     lines = summary_lines(result)
     say((lines[0], style))

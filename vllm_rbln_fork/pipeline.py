@@ -201,9 +201,15 @@ def build(
         for stray in series.stray_files:
             log.warn(f"patches/{stray} is not named in {project.series_file.name}; it is not applied")
     elif series.exported_against != pin:
+        older = series.exported_against < pin
         log.warn(
-            f"vllm {pin} has no series of its own (series/{pin}): carrying the series of vllm "
-            f"{series.exported_against}"
+            f"vllm {pin} has no series of its own (series/{pin}): carrying series/"
+            f"{series.exported_against}, "
+            + (
+                "the newest supported pin older than it"
+                if older
+                else "the oldest supported pin, backwards: no supported pin is older"
+            )
         )
     lock = PinsLock(project.pins_lock)
     with build_lock(), tempfile.TemporaryDirectory(prefix="build-", dir=scratch_dir()) as tmp:

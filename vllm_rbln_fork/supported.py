@@ -4,8 +4,9 @@ A project with ``pins.toml`` keeps one series per supported pin, ``series/<pin>`
 exported against its own pin, in one ``patches/`` directory: a patch that is the same
 at every pin is one file, ``patches/<name>``; a pin's own form of a patch is
 ``patches/<pin>/<name>``, and that pin's series names it so. Any other pin is built by
-carrying the newest supported series (the build's 3-way carry), as a project without
-``pins.toml`` carries its one ``series`` file.
+carrying the series of the newest supported pin older than it (the build's 3-way carry;
+``source_pin_for``, the same choice as the review's), as a project without ``pins.toml``
+carries its one ``series`` file.
 
 A move to a new pin is marked in ``pins.toml`` before its series is used:
 ``[pin."X"] status = "moving"`` (no tier runs it by default; ``--pin X`` builds it from
@@ -100,8 +101,9 @@ def supported_pins(project: Project) -> tuple[SupportedPin, ...]:
 
 def series_file_for(project: Project, pin: Pin | None = None) -> Path:
     """The series that builds ``pin``: its own (``series/<pin>``) when ``pins.toml`` lists the
-    pin (supported, or ``status = "moving"``), else the newest supported one, carried onto
-    it. ``None``: the newest supported one. A ``series/<pin>`` of an unlisted pin is an error."""
+    pin (supported, or ``status = "moving"``), else that of ``source_pin_for(pin)`` (the newest
+    supported pin older than it), carried onto it. ``None``: the newest supported one. A
+    ``series/<pin>`` of an unlisted pin is an error."""
     listed = listed_pins(project)
     if not listed:
         return project.series_file
@@ -121,9 +123,11 @@ def series_file_for(project: Project, pin: Pin | None = None) -> Path:
             f'from a move. To go on with that move, add [pin."{pin}"] with status = "moving" to '
             f"{project.pins_file.name} (docs/patch-workflow.md); if the move was abandoned, delete "
             f"series/{pin} (and patches/{pin}/), and vllm {pin} is built by carrying the newest "
-            f"supported series, series/{have[-1]}."
+            f"supported series older than it, series/{source_pin_for(project, pin)}."
         )
-    return project.series_dir / str(have[-1])
+    if pin is None:
+        return project.series_dir / str(have[-1])
+    return project.series_dir / str(source_pin_for(project, pin))
 
 
 def series_pins(project: Project) -> list[Pin]:
@@ -146,8 +150,12 @@ def read_series_for(project: Project, pin: Pin | None = None) -> Series:
 
 
 def source_pin_for(project: Project, target: Pin, source: Pin | None = None) -> Pin | None:
-    """The pin whose series a move to ``target`` carries: ``source`` if given (it must be
-    supported), else the newest supported pin older than ``target``, else the newest."""
+    """The pin whose series a build, a checkout or a review of ``target`` carries (one choice
+    for all three): ``source`` if given (it must be supported), else the newest supported pin
+    older than ``target``. With none older: ``target`` itself when it has a series of its own
+    (the oldest supported pin reviews its own series: a newer pin's is never carried back onto
+    it unasked), else the oldest supported pin, the nearest (carried backwards: the build says
+    so)."""
     pins = [s.pin for s in supported_pins(project)]
     if not pins:
         return None
@@ -160,7 +168,11 @@ def source_pin_for(project: Project, target: Pin, source: Pin | None = None) -> 
         return source
     have = [p for p in pins if (project.series_dir / str(p)).is_file()]
     older = [p for p in have if p < target]
-    return older[-1] if older else (have or pins)[-1]
+    if older:
+        return older[-1]
+    if (project.series_dir / str(target)).is_file() and target in {s.pin for s in listed_pins(project)}:
+        return target
+    return (have or pins)[0]
 
 
 def unused_patch_files(project: Project) -> list[Path]:

@@ -22,6 +22,7 @@ the Markdown and HTML reports.
 from __future__ import annotations
 
 import difflib
+from pathlib import Path
 
 from .. import log
 from ..apply import Applied, Carried, StepKind, trailer_drop
@@ -35,6 +36,7 @@ from ..upstream import Upstream
 from .carry import carried_series, check_writable, write_series
 from .difftext import FileDiff, normalized, own_lines, parse_diff
 from .model import ConflictHunk, Mark, PatchReview, Review, Status
+from .render import write_reports
 from .symbols import Sources, upstream_under
 
 DIFF = ("diff", "--no-color", "--no-ext-diff", "--find-renames", "--abbrev=12")
@@ -48,15 +50,18 @@ def review(
     write: bool = False,
     series: Series | None = None,
     source: Pin | None = None,
+    report_dir: Path | None = None,
 ) -> Review:
     """Carry the series onto ``pin`` and explain every patch; with ``write``, refresh the
     series for ``pin`` (nothing conflicts) or leave a work tree at the first conflict.
 
     With ``pins.toml``, the series carried is ``source``'s, by default the newest supported
-    pin older than ``pin`` (see ``supported.source_pin_for``)."""
+    pin older than ``pin`` (see ``supported.source_pin_for``). ``report_dir``: the reports are
+    written there before ``write`` is attempted (and the caller writes them again after it)."""
+    source = source_pin_for(project, pin, source)
     if write:
-        check_writable(project, pin)
-    series = series or read_series_for(project, source_pin_for(project, pin, source))
+        check_writable(project, pin, source)
+    series = series or read_series_for(project, source)
     with carried_series(pin, spec, project, series, "review-") as run:
         repo, scratch, base, target, built, carried, head = run
         with log.phase("read what upstream changed under each patch"):
@@ -76,6 +81,8 @@ def review(
                 "range-diff", "--no-color", f"{base.commit}..{old_head}", f"{target.commit}..{head}"
             )
         result = Review(base.pin, pin, base.commit, target.commit, tuple(reviews), range_diff.rstrip())
+        if report_dir is not None:  # before --write: a write that fails leaves the report
+            write_reports(result, report_dir)
         if write:
             result = write_series(repo, result, carried, head, target, project, scratch)
     return result

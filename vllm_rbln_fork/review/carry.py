@@ -20,6 +20,7 @@ from ..apply import (
     conflict_work_tree,
     resolve_instructions,
 )
+from ..errors import ForkError, SeriesError
 from ..gitrepo import Repo
 from ..paths import upstream_repo_dir
 from ..pins import Pin, PinsLock
@@ -27,7 +28,7 @@ from ..pipeline import base_upstream, build_lock, prepare, scratch_dir
 from ..project import Project
 from ..series import Series
 from ..source import SourceSpec
-from ..supported import read_series_for
+from ..supported import listed_pins, read_series_for
 from ..upstream import Upstream
 from .model import Review
 
@@ -106,10 +107,34 @@ def write_series(
     return replace(result, written=tuple(changed), wrote=True)
 
 
-def check_writable(project: Project, pin: Pin) -> None:
-    """``--write`` exports ``series/<pin>``; nothing to check before the carry (a pin being
-    moved to gets its series first and joins ``pins.toml`` once its tests pass)."""
-    del project, pin
+def check_writable(project: Project, pin: Pin, source: Pin | None) -> None:
+    """Before the carry, what ``--write`` (an export of ``series/<pin>``) would refuse after it:
+
+    * a pin ``pins.toml`` does not list (export writes no series for it: a move is marked
+      first);
+    * a source pin newer than ``pin`` when ``pin`` has a series of its own: that would put the
+      newer pin's forms of the patches (its code) over the ones ``pin`` builds.
+
+    Each is a ForkError naming the way out; the review itself (without ``--write``) may still
+    be run and read."""
+    listed = listed_pins(project)
+    if not listed:
+        return
+    if pin not in {s.pin for s in listed}:
+        raise SeriesError(
+            f"--review --write exports series/{pin}, but {project.pins_file.name} does not list vllm "
+            f'{pin}: a move is marked first. Add [pin."{pin}"] with status = "moving" to '
+            f"{project.pins_file.name} (docs/patch-workflow.md) and run again; without --write the "
+            f"review only writes its report. Nothing was carried or written."
+        )
+    own = project.series_dir / str(pin)
+    if source is not None and source > pin and own.is_file():
+        raise ForkError(
+            f"--from {source} is newer than {pin}: --review --write would put {source}'s forms of "
+            f"the patches over series/{pin}, the series {pin} builds. Review without --write to read "
+            f"the report; to change {pin}'s series, make the change at {pin} ('python build.py "
+            f"checkout --pin {pin}', then export). Nothing was carried or written."
+        )
 
 
 def contained_backports(pin: Pin, spec: SourceSpec, project: Project) -> list[tuple[str, str]]:
