@@ -216,7 +216,7 @@ def _watch(args: argparse.Namespace) -> int:
     if args.summary:
         write_atomic(args.summary, text)
     if watched.seconds:
-        console.print(f"    [dim]watch: {watched.seconds:.0f} s[/dim]")
+        say("    ", (f"watch: {watched.seconds:.0f} s", "dim"))
     print(text, end="")
     return int(watched.outcome)
 
