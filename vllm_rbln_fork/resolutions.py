@@ -5,7 +5,8 @@ conflict is committed, how it was resolved (``postimage``), under ``rr-cache/<id
 git directory, ``<id>`` being a hash of the conflicting hunks. The same conflict met
 again, at another pin or after the series changed, is resolved from the record. The
 cache repo is a cache, so the records live in the project (``rerere/<id>/preimage`` and
-``postimage``), which is their source of truth:
+``postimage``, and git's variants ``preimage.1``/``postimage.1``... when a conflict was met
+again before it was resolved), which is their source of truth:
 
 * ``load`` copies them into a git directory before a carry, over any other copy of the same
   id (a corrected record replays as corrected), and removes the ones it loaded before that
@@ -33,7 +34,9 @@ from .errors import ForkError
 from .files import write_atomic
 from .gitrepo import Identity, Repo
 
-RECORD_FILES = ("preimage", "postimage")
+# git rerere keeps variants of one id: ``preimage.1``/``postimage.1`` and so on appear when a
+# conflict is met again before its first meeting was resolved. Each pair is a record's file.
+VARIANT = re.compile(r"^(preimage|postimage)(\.[0-9]+)?$")
 REUSED = re.compile(r"^(?:Resolved|Staged) '(.+)' using previous resolution\.$", re.M)
 IDENTITY = Identity("vllm-rbln-fork", "vllm-rbln-fork@users.noreply.invalid", "@0 +0000")
 # Beside rr-cache (git's own directory must hold records only): the ids ``load`` copied
@@ -56,19 +59,32 @@ def _git_dir(repo: Repo, tree: Path) -> Path:
     return Path(out.strip())
 
 
+def _pairs(record: Path) -> list[str]:
+    """The resolved variants of a record directory: the file names of each complete pair
+    (``preimage``, ``postimage``, ``preimage.1``, ``postimage.1``, ...), sorted."""
+    names = []
+    for post in sorted(record.glob("postimage*")):
+        match = VARIANT.match(post.name)
+        if match and match.group(1) == "postimage" and (record / f"preimage{match.group(2) or ''}").is_file():
+            names += [f"preimage{match.group(2) or ''}", post.name]
+    return sorted(names)
+
+
 def _records(directory: Path) -> dict[str, Path]:
-    """The complete records (both files) in ``directory``, by id."""
+    """The records with at least one resolved variant (a preimage and its postimage) in
+    ``directory``, by id."""
     if not directory.is_dir():
         return {}
-    return {
-        d.name: d
-        for d in sorted(directory.iterdir())
-        if RECORD_ID.match(d.name) and all((d / f).is_file() for f in RECORD_FILES)
-    }
+    return {d.name: d for d in sorted(directory.iterdir()) if RECORD_ID.match(d.name) and _pairs(d)}
 
 
 def _digest(record: Path) -> str:
-    return hashlib.sha256((record / "postimage").read_bytes()).hexdigest()
+    """sha256 over every resolution (postimage, postimage.1, ...) of a record."""
+    digest = hashlib.sha256()
+    for name in _pairs(record):
+        if name.startswith("postimage"):
+            digest.update(name.encode() + b"\0" + (record / name).read_bytes() + b"\0")
+    return digest.hexdigest()
 
 
 def load(records: Path, repo: Repo) -> int:
@@ -86,16 +102,15 @@ def load(records: Path, repo: Repo) -> int:
     copied = 0
     for record_id, record in project.items():
         dest = cache / record_id
-        if all(
-            (dest / f).is_file() and (dest / f).read_bytes() == (record / f).read_bytes()
-            for f in RECORD_FILES
-        ):
+        files = _pairs(record)
+        if _pairs(dest) == files and all((dest / f).read_bytes() == (record / f).read_bytes() for f in files):
             continue
         dest.mkdir(parents=True, exist_ok=True)
-        for f in RECORD_FILES:
+        for f in files:
             write_atomic(dest / f, (record / f).read_bytes())
-        for variant in dest.glob("postimage.*"):  # git's other resolutions of the same id
-            variant.unlink()
+        for other in dest.glob("postimage*"):  # git's other resolutions of the same id
+            if other.name not in files:
+                other.unlink()
         copied += 1
     if project or manifest.is_file():
         cache.mkdir(parents=True, exist_ok=True)
@@ -124,7 +139,7 @@ def run_tracked(repo: Repo, tree: Path, *args: str, env: dict[str, str]) -> tupl
     touched = {
         record_id
         for record_id, record in _records(cache).items()
-        if (record / "postimage").stat().st_mtime >= start
+        if any((record / f).stat().st_mtime >= start for f in _pairs(record) if f.startswith("postimage"))
     }
     _track(repo, tree, touched)
     return status, out
@@ -162,7 +177,7 @@ def save(repo: Repo, records: Path) -> list[str]:
         saved[record_id] = _digest(record)
         dest = records / record_id
         wrote = False
-        for f in RECORD_FILES:
+        for f in _pairs(record):  # every resolved variant (preimage.1/postimage.1 ...)
             data = (record / f).read_bytes()
             if not (dest / f).is_file() or (dest / f).read_bytes() != data:
                 dest.mkdir(parents=True, exist_ok=True)

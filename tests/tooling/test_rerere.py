@@ -178,3 +178,62 @@ def test_a_record_only_in_this_cache_can_be_forgotten(
     # A prefix found nowhere still names where it looked, and removes nothing.
     with pytest.raises(ForkError, match=r"rr-cache.*Nothing was removed"):
         resolutions.forget(fork.project.rerere_dir, ["abcdef12"], Repo(upstream_repo_dir()))
+
+
+def _meet_twice_resolve_once(fork: Any) -> tuple[str, Path]:
+    """The conflict met at 1.3 and left unresolved, then met again at 2.3 and resolved there:
+    git records the second meeting as a variant (preimage.1, then postimage.1)."""
+    from vllm_rbln_fork.errors import PatchDoesNotApply
+    from vllm_rbln_fork.pipeline import build
+    from vllm_rbln_fork.workflow import continue_carry
+
+    with pytest.raises(PatchDoesNotApply):
+        build(Pin.parse("1.3"), fork.spec(), fork.project)
+    with pytest.raises(PatchDoesNotApply):
+        build(Pin.parse("2.3"), fork.spec(), fork.project)
+    tree = fork.project.work_dir / "conflict-v2.3"
+    from moves import resolve_by_hand
+
+    resolve_by_hand(tree)
+    assert not continue_carry(tree).stopped
+    (record,) = [p for p in _rr_cache().iterdir() if (p / "postimage.1").is_file()]
+    assert not (record / "postimage").exists()  # the first meeting is still unresolved
+    return record.name, tree
+
+
+def test_a_variant_record_is_saved_by_export_and_replayed_on_another_machine(
+    fork: Any, publish_release: Callable[[str], None], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    publish_release("2.3")
+    before = {
+        p: p.read_bytes() for p in [fork.project.series_file, *fork.project.patches_dir.glob("*.patch")]
+    }
+    record_id, tree = _meet_twice_resolve_once(fork)
+    written = export(tree, fork.project).changed
+    assert f"rerere/{record_id}" in written
+    saved = fork.project.rerere_dir / record_id
+    assert sorted(p.name for p in saved.iterdir()) == ["postimage.1", "preimage.1"]
+    assert RESOLVED in (saved / "postimage.1").read_text()
+
+    for path, data in before.items():  # 1.3 is carried from the 1.0 series again
+        path.write_bytes(data)
+    shutil.rmtree(fork.project.work_dir)
+    monkeypatch.setenv("VLLM_RBLN_FORK_CACHE", str(tmp_path / "machine-2"))
+    result = review(Pin.parse("1.3"), fork.spec(), fork.project, write=True)
+    assert result.carried_all and result.reused == ("vllm/core/gate.py",)
+
+
+def test_a_variant_record_only_in_this_cache_can_be_forgotten(
+    fork: Any,
+    publish_release: Callable[[str], None],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    publish_release("2.3")
+    record_id, _ = _meet_twice_resolve_once(fork)
+    shutil.rmtree(fork.project.work_dir)  # never exported
+    out = _forget_cli(fork, record_id, monkeypatch, capsys)
+    assert f"removed {_rr_cache() / record_id}" in out, out
+    assert not (_rr_cache() / record_id).exists()
+    stopped = _carry_to_2_3(fork)
+    assert not stopped.carried_all and stopped.reused == ()
