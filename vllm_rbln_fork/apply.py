@@ -269,10 +269,8 @@ def conflict_work_tree(
     the first conflict that no recorded resolution (``records``, git rerere's) settles:
     a real ``git cherry-pick`` in progress, or the whole series carried."""
     tree = root / f"conflict-{target.label}"
-    repo.run("worktree", "prune")
-    if tree.exists():
-        repo.run("worktree", "remove", "--force", str(tree), ok_codes=(0, 128))
-        shutil.rmtree(tree, ignore_errors=True)
+    refuse_conflict_tree(tree)
+    repo.run("worktree", "prune")  # git's record of a tree thrown away with rm -rf
     tree.parent.mkdir(parents=True, exist_ok=True)
     if records is not None:
         resolutions.load(records, repo)
@@ -280,6 +278,20 @@ def conflict_work_tree(
     identity = Identity("vllm-rbln-fork", "vllm-rbln-fork@users.noreply.invalid", "@0 +0000").env()
     _, out = resolutions.run_tracked(repo, tree, "cherry-pick", *rest, env=identity)
     return tree, resolutions.advance(repo, tree, out)
+
+
+def refuse_conflict_tree(tree: Path) -> None:
+    """A ForkError if ``tree`` (``work/conflict-<label>``) is there: it holds a carry's
+    resolutions (staged, committed, or a whole carried series not yet exported), which a new
+    carry must never remove. It names how to go on with it and how to throw it away."""
+    if not tree.exists() and not tree.is_symlink():
+        return
+    raise ForkError(
+        f"{tree} is there: a carry of this pin stopped at a conflict, or carried and not yet "
+        f"exported, and its resolutions would be lost. Go on with it: resolve, 'git add', "
+        f"'python build.py continue --dir {tree}', then 'python build.py export --dir {tree}'. "
+        f"Or, if it is done with or abandoned, throw it away ('rm -rf {tree}') and run this again."
+    )
 
 
 def resolve_instructions(tree: Path, progress: Progress | None = None) -> str:

@@ -237,3 +237,36 @@ def test_a_variant_record_only_in_this_cache_can_be_forgotten(
     assert not (_rr_cache() / record_id).exists()
     stopped = _carry_to_2_3(fork)
     assert not stopped.carried_all and stopped.reused == ()
+
+
+@pytest.mark.parametrize("again", ["build", "checkout", "review --write"])
+def test_a_conflict_tree_in_progress_is_never_removed_by_another_carry(
+    fork: Any, again: str, tmp_path: Path
+) -> None:
+    """Bug 6: a second build, checkout or --review --write of the pin removed
+    work/conflict-v<pin> (worktree remove --force) with the resolution staged in it."""
+    from moves import CONFLICT
+
+    from vllm_rbln_fork.errors import PatchDoesNotApply
+    from vllm_rbln_fork.pipeline import build
+    from vllm_rbln_fork.workflow import checkout
+
+    with pytest.raises(PatchDoesNotApply):
+        build(Pin.parse("1.3"), fork.spec(), fork.project)
+    tree = fork.project.work_dir / "conflict-v1.3"
+    gate = tree / "vllm/core/gate.py"
+    gate.write_text(CONFLICT.sub("    needed = 2 * prompt_tokens + 1  # by hand\n", gate.read_text()))
+    Repo(tree, bare=False).run("add", "-f", "vllm/core/gate.py", cwd=tree, in_work_tree=True)
+
+    runs = {
+        "build": lambda: build(Pin.parse("1.3"), fork.spec(), fork.project),
+        "checkout": lambda: checkout(Pin.parse("1.3"), fork.spec(), fork.project, tmp_path / "co"),
+        "review --write": lambda: review(Pin.parse("1.3"), fork.spec(), fork.project, write=True),
+    }
+    with pytest.raises(ForkError) as refused:
+        runs[again]()
+    message = " ".join(str(refused.value).split())
+    assert f"{tree} is there" in message and f"python build.py continue --dir {tree}" in message
+    assert f"rm -rf {tree}" in message
+    assert "# by hand" in gate.read_text()
+    assert resolutions.in_progress(tree, Repo(tree, bare=False))
