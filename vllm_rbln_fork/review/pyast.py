@@ -15,8 +15,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 
-from .signatures import Param, ParamKind
-
 MODULE = "<module>"
 
 # Names too common to resolve by name alone: builtins and the methods of builtin
@@ -26,6 +24,31 @@ COMMON_NAMES = frozenset(
     for owner in (builtins, dict, list, set, str, tuple, collections.deque, collections.OrderedDict)
     for name in dir(owner)
 ) | {"super", "self", "cls"}
+
+
+class ParamKind(StrEnum):
+    """Python's five parameter kinds (``inspect.Parameter.kind``), named as griffe names them."""
+
+    POSITIONAL_ONLY = "positional-only"
+    POSITIONAL_OR_KEYWORD = "positional or keyword"
+    VAR_POSITIONAL = "variadic positional"
+    KEYWORD_ONLY = "keyword-only"
+    VAR_KEYWORD = "variadic keyword"
+
+
+POSITIONAL = (ParamKind.POSITIONAL_ONLY, ParamKind.POSITIONAL_OR_KEYWORD)
+VARIADIC = (ParamKind.VAR_POSITIONAL, ParamKind.VAR_KEYWORD)
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    kind: ParamKind
+    default: str | None = None  # the default's source text; None: required (or variadic)
+
+    @property
+    def required(self) -> bool:
+        return self.default is None and self.kind not in VARIADIC
 
 
 class SymbolKind(StrEnum):

@@ -4,37 +4,9 @@ calls still bind (Python's binding rules, by position and keyword)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from .pyast import CallSite, Symbol
-
-
-class ParamKind(StrEnum):
-    """Python's five parameter kinds (``inspect.Parameter.kind``), named as griffe names them."""
-
-    POSITIONAL_ONLY = "positional-only"
-    POSITIONAL_OR_KEYWORD = "positional or keyword"
-    VAR_POSITIONAL = "variadic positional"
-    KEYWORD_ONLY = "keyword-only"
-    VAR_KEYWORD = "variadic keyword"
-
-
-POSITIONAL = (ParamKind.POSITIONAL_ONLY, ParamKind.POSITIONAL_OR_KEYWORD)
-VARIADIC = (ParamKind.VAR_POSITIONAL, ParamKind.VAR_KEYWORD)
-
-
-@dataclass(frozen=True)
-class Param:
-    name: str
-    kind: ParamKind
-    default: str | None = None  # the default's source text; None: required (or variadic)
-
-    @property
-    def required(self) -> bool:
-        return self.default is None and self.kind not in VARIADIC
+from .pyast import POSITIONAL, VARIADIC, CallSite, ParamKind, Symbol
 
 
 def _stub(sym: Symbol) -> str:
