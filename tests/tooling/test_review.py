@@ -275,3 +275,12 @@ def test_write_never_drops_an_rbln_patch_upstream_seems_to_have(review_fork) -> 
     assert _snapshot(review_fork.project) == before
     with pytest.raises(ForkError, match="never dropped silently"):
         contained_backports(Pin.parse("2.2"), review_fork.spec(), review_fork.project)
+
+
+def test_the_html_range_diff_is_escaped(review_fork) -> None:
+    """The range-diff table went into the page as it was: its '<' marks (a patch upstream
+    has) were raw HTML."""
+    body = html_page(_review(review_fork, "2.2"))
+    table = body.split("<h2>Old series against new (range-diff)</h2>", 1)[1].split("</pre>", 1)[0]
+    [line] = [line for line in table.splitlines() if BACKPORT in line]
+    assert " &lt; " in line and " < " not in line, line

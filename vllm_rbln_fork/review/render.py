@@ -150,6 +150,11 @@ def _md_patch(i: int, p: PatchReview, review: Review) -> list[str]:
 
 
 def _md_range_diff(review: Review) -> str:
+    return "```\n" + _range_diff_table(review) + "\n```"
+
+
+def _range_diff_table(review: Review) -> str:
+    """One line a patch: old index and name, its mark, new index and name, the note."""
     lines = []
     width = max((len(p.name) for p in review.patches), default=0)
     new_index = 0
@@ -160,7 +165,7 @@ def _md_range_diff(review: Review) -> str:
             new_index += 1
             right = f"{new_index}: {p.name:<{width}}"
         lines.append(f"{i}: {p.name:<{width}} {p.mark} {right}  {p.mark_note}")
-    return "```\n" + "\n".join(lines) + "\n```"
+    return "\n".join(lines)
 
 
 # --- HTML -------------------------------------------------------------------------------
@@ -248,7 +253,7 @@ def html_page(review: Review) -> str:
     for i, p in enumerate(review.patches, 1):
         parts += _html_patch(i, p, review)
     parts.append("<h2>Old series against new (range-diff)</h2>")
-    parts.append(_md_range_diff(review).replace("```\n", "<pre>", 1).replace("\n```", "</pre>"))
+    parts.append(f"<pre>{e(_range_diff_table(review))}</pre>")
     if review.range_diff:
         parts.append(f"<details><summary>git range-diff</summary><pre>{e(review.range_diff)}</pre></details>")
     parts.append("</body></html>")
