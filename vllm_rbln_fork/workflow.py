@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import tempfile
+import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -105,8 +106,10 @@ def _check_message_kept(repo: Repo, commit: str, patch: Patch) -> None:
 
 
 def slug(subject: str) -> str:
-    """A patch file name from its subject: lower case, dashes, at most 64 characters."""
-    text = re.sub(r"[^a-z0-9]+", "-", subject.lower()).strip("-")
+    """A patch file name from its subject: lower case, dashes, at most 64 characters. Letters
+    with accents lose them (NFKD: 'Añadir' -> 'anadir'); other non-ASCII characters are dropped."""
+    ascii_text = unicodedata.normalize("NFKD", subject).encode("ascii", "ignore").decode()
+    text = re.sub(r"[^a-z0-9]+", "-", ascii_text.lower()).strip("-")
     return (text[:64].rstrip("-") or "patch") + ".patch"
 
 
@@ -166,7 +169,8 @@ def export(tree: Path, project: Project, *, promote: bool = False) -> Exported:
     commit_of: dict[str, str] = {}
     for commit in commits:
         text = repo.run(*FORMAT_PATCH, commit, strip=False)[1]
-        name = slug(text.split("\nSubject: ", 1)[1].split("\n", 1)[0])
+        # The decoded subject: the header is RFC 2047 encoded when it is not ASCII.
+        name = slug(parse_patch("subject", text.encode()).subject)
         if name in rendered:
             raise SeriesError(f"two commits have subjects that give the same file name {name}; reword one.")
         patch = parse_patch(name, text.encode())

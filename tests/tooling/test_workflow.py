@@ -173,3 +173,15 @@ def test_a_diff_git_line_in_a_commit_message_is_named_and_export_writes_nothing(
     with pytest.raises(SeriesError, match=r"line 4 of its message, 'diff --git a/vllm.*start of the diff"):
         export(tree, fork.project)
     assert _snapshot(fork.project) == before
+
+
+def test_a_non_ascii_subject_names_the_file_from_the_decoded_subject(fork, tmp_path) -> None:
+    """format-patch writes a non-ASCII subject RFC 2047 encoded ('=?UTF-8?q?A=C3=B1adir...');
+    the file was named from that ('utf-8-q-a-c3-b1adir-...')."""
+    from vllm_rbln_fork.series import read_series
+
+    message = "Añadir un comentario al final de la puerta\n\nEl fichero de la puerta gana un comentario final.\n\nOrigin: rbln\n"
+    export(_commit_with_message(fork, tmp_path, message), fork.project)
+    patch = read_series(fork.project.series_file, fork.project.patches_dir).patches[-1]
+    assert patch.name == "anadir-un-comentario-al-final-de-la-puerta.patch"
+    assert patch.subject == "Añadir un comentario al final de la puerta"
