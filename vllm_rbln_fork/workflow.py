@@ -86,6 +86,23 @@ def continue_carry(tree: Path) -> resolutions.Progress:
     return resolutions.advance(repo, tree)
 
 
+def _refuse_uncommitted(repo: Repo, tree: Path) -> None:
+    """A SeriesError naming the files of ``tree`` that are changed, staged or new and not
+    committed: export writes the commits, so they would be left out without a word."""
+    status = repo.run("status", "--porcelain", "--untracked-files=all", cwd=tree, in_work_tree=True)[1]
+    if not (lines := [line for line in status.splitlines() if line.strip()]):
+        return
+    shown = ", ".join(line.strip() for line in lines[:8]) + (
+        f" and {len(lines) - 8} more" if len(lines) > 8 else ""
+    )
+    raise SeriesError(
+        f"{tree} has changes that are not committed ({shown}): export writes the commits only, so "
+        f"they would be left out. Commit them into the patch they belong to ('git commit --fixup="
+        f"<commit>', then 'git rebase -i --autosquash' onto the upstream tag) or as a new commit; or "
+        f"put them aside ('git stash -u'). Then export again. Nothing was written."
+    )
+
+
 def _check_message_kept(repo: Repo, commit: str, patch: Patch) -> None:
     """The patch file gives back the commit's whole message, or a SeriesError naming the line
     that cuts it: a message line starting ``diff --git`` reads as the start of the diff."""
@@ -138,12 +155,14 @@ class Exported:
     redundant: dict[str, str] = field(default_factory=dict)
 
 
-def export(tree: Path, project: Project, *, promote: bool = False) -> Exported:
+def export(tree: Path, project: Project, *, promote: bool = False, work_tree: bool = True) -> Exported:
     """Write one patch per commit since the upstream root, and the series.
 
     A change to a shared patch that other pins' series name is written as this pin's own
     form unless ``promote`` is given; see ``_write_pin_series``. Everything is checked and
-    rendered first, then written: a failing export writes nothing.
+    rendered first, then written: a failing export writes nothing. A work tree with changes
+    not committed is refused (export writes commits only); ``work_tree=False`` is for a clone
+    made without a checkout (``--review --write``), which has no work tree to check.
     """
     if not (tree / ".git").exists():
         raise ForkError(f"{tree} is not a git work tree made by 'python build.py checkout'.")
@@ -153,6 +172,8 @@ def export(tree: Path, project: Project, *, promote: bool = False) -> Exported:
             f"{tree}: a cherry-pick is in progress (the carry stopped at a conflict). Resolve it, "
             f"'git add' the files and run 'python build.py continue --dir {tree}' first."
         )
+    if work_tree:
+        _refuse_uncommitted(repo, tree)
     roots = repo.out("rev-list", "--max-parents=0", "HEAD").split()
     if len(roots) != 1:
         raise ForkError(f"{tree}: HEAD must descend from exactly one upstream commit, found {len(roots)}.")

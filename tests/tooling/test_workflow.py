@@ -180,8 +180,29 @@ def test_a_non_ascii_subject_names_the_file_from_the_decoded_subject(fork, tmp_p
     the file was named from that ('utf-8-q-a-c3-b1adir-...')."""
     from vllm_rbln_fork.series import read_series
 
-    message = "Añadir un comentario al final de la puerta\n\nEl fichero de la puerta gana un comentario final.\n\nOrigin: rbln\n"
+    message = (
+        "Añadir un comentario al final de la puerta\n\n"
+        "El fichero de la puerta gana un comentario final.\n\nOrigin: rbln\n"
+    )
     export(_commit_with_message(fork, tmp_path, message), fork.project)
     patch = read_series(fork.project.series_file, fork.project.patches_dir).patches[-1]
     assert patch.name == "anadir-un-comentario-al-final-de-la-puerta.patch"
     assert patch.subject == "Añadir un comentario al final de la puerta"
+
+
+@pytest.mark.parametrize("change", ["edited", "staged", "new file"])
+def test_export_refuses_uncommitted_changes_and_writes_nothing(fork, tmp_path, change) -> None:
+    from vllm_rbln_fork.errors import SeriesError
+
+    tree = checkout(Pin.parse("1.0"), fork.spec(), fork.project, tmp_path / "co")
+    gate = tree / "vllm/core/gate.py"
+    if change == "new file":
+        (tree / "vllm/rbln_new.py").write_text("X = 1\n")  # (the sdist's .gitignore hides vllm/core/)
+    else:
+        gate.write_text(gate.read_text() + "\n# not committed\n")
+        if change == "staged":
+            Repo(tree, bare=False).run("add", "-f", "vllm/core/gate.py", cwd=tree, in_work_tree=True)
+    before = _snapshot(fork.project)
+    with pytest.raises(SeriesError, match=r"not committed \(.*(gate|rbln_new)\.py.*git commit --fixup"):
+        export(tree, fork.project)
+    assert _snapshot(fork.project) == before

@@ -103,7 +103,7 @@ def write_series(
             str(clone),
         )
         Repo(clone, bare=False)  # the same pinned config as the cache repo
-        changed = export(clone, project).changed
+        changed = export(clone, project, work_tree=False).changed  # a clone without a checkout
     return replace(result, written=tuple(changed), wrote=True)
 
 
