@@ -86,6 +86,18 @@ def continue_carry(tree: Path) -> resolutions.Progress:
     return resolutions.advance(repo, tree)
 
 
+def _names_by_subject(project: Project) -> dict[str, str]:
+    """The file name of each patch in patches/ (shared or a pin's own form), by its subject:
+    a patch's name is its identity, so an exported patch keeps the name it has."""
+    names: dict[str, str] = {}
+    for path in sorted(project.patches_dir.rglob("*.patch")) if project.patches_dir.is_dir() else []:
+        try:
+            names.setdefault(parse_patch(path.name, path.read_bytes()).subject, path.name)
+        except (SeriesError, UnicodeDecodeError):  # a damaged file: export rewrites it
+            continue
+    return names
+
+
 def _refuse_uncommitted(repo: Repo, tree: Path) -> None:
     """A SeriesError naming the files of ``tree`` that are changed, staged or new and not
     committed: export writes the commits, so they would be left out without a word."""
@@ -127,6 +139,8 @@ def slug(subject: str) -> str:
     with accents lose them (NFKD: 'Añadir' -> 'anadir'); other non-ASCII characters are dropped."""
     ascii_text = unicodedata.normalize("NFKD", subject).encode("ascii", "ignore").decode()
     text = re.sub(r"[^a-z0-9]+", "-", ascii_text.lower()).strip("-")
+    if len(text) > 64:  # at a word's end where there is one
+        text = text[:65].rsplit("-", 1)[0] if "-" in text[:65] else text[:64]
     return (text[:64].rstrip("-") or "patch") + ".patch"
 
 
@@ -188,10 +202,13 @@ def export(tree: Path, project: Project, *, promote: bool = False, work_tree: bo
 
     rendered: dict[str, str] = {}
     commit_of: dict[str, str] = {}
+    known = _names_by_subject(project)
     for commit in commits:
         text = repo.run(*FORMAT_PATCH, commit, strip=False)[1]
-        # The decoded subject: the header is RFC 2047 encoded when it is not ASCII.
-        name = slug(parse_patch("subject", text.encode()).subject)
+        # The decoded subject: the header is RFC 2047 encoded when it is not ASCII (and folded
+        # when long). A patch already in patches/ keeps its file name.
+        subject = parse_patch("subject", text.encode()).subject
+        name = known.get(subject) or slug(subject)
         if name in rendered:
             raise SeriesError(f"two commits have subjects that give the same file name {name}; reword one.")
         patch = parse_patch(name, text.encode())

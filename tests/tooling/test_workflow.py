@@ -206,3 +206,29 @@ def test_export_refuses_uncommitted_changes_and_writes_nothing(fork, tmp_path, c
     with pytest.raises(SeriesError, match=r"not committed \(.*(gate|rbln_new)\.py.*git commit --fixup"):
         export(tree, fork.project)
     assert _snapshot(fork.project) == before
+
+
+def test_a_long_subject_keeps_the_file_name_its_patch_has(fork, tmp_path) -> None:
+    """format-patch folds a long subject over two header lines. The name used to come from
+    the first line only; it comes from the whole subject now, but a patch already in patches/
+    keeps its name (a name is a patch's identity across pins): exporting changes no byte."""
+    subject = "Give the gate a closing comment that says where the admission code of the gate ends"
+    why = "The gate's file gets a closing comment so a reader sees where it ends."
+    message = f"{subject}\n\n{why}\n\nOrigin: rbln\n"
+    export(_commit_with_message(fork, tmp_path, message), fork.project)
+    from vllm_rbln_fork.series import read_series
+
+    patch = read_series(fork.project.series_file, fork.project.patches_dir).patches[-1]
+    assert (
+        patch.subject == subject
+        and patch.name == "give-the-gate-a-closing-comment-that-says-where-the-admission.patch"
+    )
+    old_name = (
+        fork.project.patches_dir / "give-the-gate-a-closing-comment.patch"
+    )  # as an older export named it
+    (fork.project.patches_dir / patch.name).rename(old_name)
+    series = fork.project.series_file
+    series.write_text(series.read_text().replace(patch.name, old_name.name))
+    before = _snapshot(fork.project)
+    assert export(tmp_path / "msg", fork.project).changed == []
+    assert _snapshot(fork.project) == before
