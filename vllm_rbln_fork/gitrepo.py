@@ -38,6 +38,11 @@ CONFIG = {
     "rerere.enabled": "true",
     "rerere.autoUpdate": "true",
 }
+# Every git this gateway runs reads the repository's config (pinned above) and no other:
+# not the system's, not the user's global one (~/.gitconfig, $XDG_CONFIG_HOME/git/config).
+# format.signoff, format.thread, diff.context and the like there changed the exported
+# patches, and a commit the tool makes needed the user's user.email (issue 22).
+CONFIG_ENV = {"LC_ALL": "C", "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull}
 # Blobs are stored exactly as the sdist has them: no eol conversion or filters from
 # the sdist's own .gitattributes.
 ATTRIBUTES = "* -text -eol -filter -ident\n"
@@ -171,7 +176,7 @@ class Repo:
 
         ``in_work_tree``: run in ``cwd``, a linked work tree, letting git find its own git dir.
         """
-        full_env = {**os.environ, "LC_ALL": "C", "GIT_CONFIG_NOSYSTEM": "1", **(env or {})}
+        full_env = {**os.environ, **CONFIG_ENV, **(env or {})}
         if in_work_tree:
             for var in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE"):
                 full_env.pop(var, None)
@@ -192,13 +197,7 @@ class Repo:
         return status, (out if status == 0 else f"{out}\n{err}".strip())
 
     def _env(self, env: Mapping[str, str] | None = None) -> dict[str, str]:
-        return {
-            **os.environ,
-            "LC_ALL": "C",
-            "GIT_CONFIG_NOSYSTEM": "1",
-            "GIT_DIR": str(self.git_dir),
-            **(env or {}),
-        }
+        return {**os.environ, **CONFIG_ENV, "GIT_DIR": str(self.git_dir), **(env or {})}
 
     @contextmanager
     def feed(self, *args: str) -> Iterator[IO[bytes]]:

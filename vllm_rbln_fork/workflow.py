@@ -42,6 +42,17 @@ FORMAT_PATCH = (
     "--encoding=UTF-8",
     "--no-notes",
     "--no-add-header",
+    # What format.* and diff.* settings would change, pinned too (a work tree's own config):
+    "--no-thread",
+    "--no-signoff",
+    "--no-to",
+    "--no-cc",
+    "--no-from",
+    "--no-base",
+    "--unified=3",
+    "--inter-hunk-context=0",
+    "--indent-heuristic",
+    "--encode-email-headers",
 )
 
 

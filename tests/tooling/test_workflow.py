@@ -232,3 +232,22 @@ def test_a_long_subject_keeps_the_file_name_its_patch_has(fork, tmp_path) -> Non
     before = _snapshot(fork.project)
     assert export(tmp_path / "msg", fork.project).changed == []
     assert _snapshot(fork.project) == before
+
+
+def test_export_does_not_depend_on_the_user_s_global_git_config(fork, tmp_path, monkeypatch) -> None:
+    """Bug 9: format.signoff, format.thread and diff.context in ~/.gitconfig reached the
+    exported patches (Signed-off-by:, a time-dependent Message-Id:, 5-line context), and a
+    ~/.gitconfig without user.email is the user's business, not the tool's."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".gitconfig").write_text(
+        "[format]\n\tsignoff = true\n\tthread = shallow\n\tnumbered = true\n[diff]\n\tcontext = 5\n"
+        "\tinterHunkContext = 9\n[user]\n\tuseConfigOnly = true\n"
+    )
+    for var in ("GIT_CONFIG_GLOBAL", "XDG_CONFIG_HOME", "GIT_AUTHOR_EMAIL", "GIT_COMMITTER_EMAIL", "EMAIL"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HOME", str(home))
+    before = _snapshot(fork.project)
+    tree = checkout(Pin.parse("1.0"), fork.spec(), fork.project, tmp_path / "co")
+    assert export(tree, fork.project).changed == []
+    assert _snapshot(fork.project) == before
