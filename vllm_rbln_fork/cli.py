@@ -425,11 +425,27 @@ def _export(args: argparse.Namespace) -> int:
             f" {own} removed: the shared patches/{name} applies at {result.pin} and gives the same "
             f"commit (only its line numbers differ), so {result.pin} builds the shared patches/{name}",
         )
+    for name, pins in result.own_forms_not_updated.items():
+        forms = ", ".join(f"patches/{p}/{name}" for p in pins)
+        say(
+            ("not updated", "bold yellow"),
+            f" {name} changed in the shared patches/{name}, but {forms} "
+            f"{'is' if len(pins) == 1 else 'are'} the form{'s' if len(pins) > 1 else ''} "
+            f"{', '.join(map(str, pins))} build{'s' if len(pins) == 1 else ''}, and "
+            f"{'it keeps' if len(pins) == 1 else 'they keep'} the old code. Redo "
+            f"{'that move' if len(pins) == 1 else 'those moves'} from {result.pin}:",
+        )
+        for other in pins:
+            if result.pin is not None and other > result.pin:
+                say(f"    python build.py --pin {other} --review --write --from {result.pin}")
+            else:  # an older pin: a newer pin's series is never carried back onto it
+                say(f"    python build.py checkout --pin {other}   (make the change there, then export)")
     for name, pins in result.promoted.items():
         say(("promoted", "yellow"), f" patches/{name}: also in the series of {', '.join(map(str, pins))}")
         for pin in pins:
             say(f"    test it: python build.py test --pin {pin}")
-    return 1 if args.promote and result.cannot_promote else 0
+    # Work left: a change that could not be promoted, or own forms the change did not reach.
+    return 1 if (args.promote and result.cannot_promote) or result.own_forms_not_updated else 0
 
 
 def _forget(args: argparse.Namespace) -> int:

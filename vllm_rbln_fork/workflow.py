@@ -178,6 +178,9 @@ class Exported:
     # tree; only line numbers and blob ids differ). The pin's series now names the shared
     # file, and the own form is removed. {name: the own form's path, relative to the root}.
     redundant: dict[str, str] = field(default_factory=dict)
+    # A shared patch this export changed that other pins build in their own form
+    # (``patches/<other>/<name>``): the change did not reach them. {name: those pins}.
+    own_forms_not_updated: dict[str, list[Pin]] = field(default_factory=dict)
 
 
 def export(tree: Path, project: Project, *, promote: bool = False, work_tree: bool = True) -> Exported:
@@ -250,6 +253,7 @@ def export(tree: Path, project: Project, *, promote: bool = False, work_tree: bo
         result.cannot_promote,
         result.pin,
         result.redundant,
+        result.own_forms_not_updated,
     )
 
 
@@ -345,12 +349,15 @@ def _write_pin_series(
         )
     pins = [p for p in {*series_pins(project), *supported} if p != pin]
     naming: dict[str, list[Pin]] = {}
+    own_at: dict[str, list[Pin]] = {}  # the pins with their own form of a patch
     for other in sorted(pins):
         path = project.series_dir / str(other)
         if path.is_file():
             for entry in read_series(path, project.patches_dir).patches:
                 if not entry.path:
                     naming.setdefault(entry.name, []).append(other)
+                else:
+                    own_at.setdefault(entry.name, []).append(other)
     entries: list[str] = []
     writes: dict[Path, str] = {}
     kept_own: dict[str, list[Pin]] = {}
@@ -410,4 +417,7 @@ def _write_pin_series(
     # files, from its move) is the normal state, not a change.
     said = {n: p for n, p in kept_own.items() if n in own_written}
     cannot = {n: r for n, r in not_promotable.items() if n in said}
-    return Exported(changed, said, promoted, cannot, pin, redundant)
+    # The shared file changed: the pins with their own form of that patch did not get the change.
+    shared_written = {Path(c).name for c in changed if c.startswith("patches/") and c.count("/") == 1}
+    missed = {n: own_at[n] for n in rendered if n in shared_written and n in own_at}
+    return Exported(changed, said, promoted, cannot, pin, redundant, missed)

@@ -126,3 +126,37 @@ def test_review_write_of_a_pin_pins_toml_does_not_list_is_refused_before_the_car
     assert not any(kind == "phase" and "carry" in text for kind, text in recorder.events)
     assert not (fork.project.root / "series" / "1.2").exists()
     assert not (fork.project.work_dir / "review-v1.2").exists()
+
+
+def test_a_fix_to_a_shared_patch_names_the_pins_whose_own_form_it_missed(
+    fork: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    """Risk 13: lab2; the backport is shared at 1.0 and has its own form at 1.1. Amending it at
+    1.0 changed the shared file only, and export said nothing and exited 0. It now names 1.1's
+    form and prints the command that redoes the move, which then carries the fix there."""
+    from vllm_rbln_fork import cli
+    from vllm_rbln_fork.project import Project
+
+    lab(fork, tmp_path, "1.1")
+    own = fork.project.patches_dir / "1.1" / "count-one-more-slot-at-admission.patch"
+    assert own.is_file()
+    tree = checkout(Pin.parse("1.0"), fork.spec(), fork.project, tmp_path / "fix")
+    repo = Repo(tree, bare=False)
+    gate = tree / "vllm/core/gate.py"
+    gate.write_text(
+        gate.read_text().replace("prompt_tokens + 1\n", "prompt_tokens + 1  # counts the decode step\n")
+    )
+    repo.run("commit", "-q", "-a", "--fixup=HEAD~1", env=DEV, cwd=tree, in_work_tree=True)
+    env = DEV | {"GIT_SEQUENCE_EDITOR": "true"}
+    repo.run("rebase", "-q", "-i", "--autosquash", "upstream/v1.0", env=env, cwd=tree, in_work_tree=True)
+
+    monkeypatch.setattr(Project, "default", classmethod(lambda cls: fork.project))
+    assert cli.main(["export", "--dir", str(tree)]) == 1
+    out = " ".join(capsys.readouterr().err.split())
+    assert "not updated count-one-more-slot-at-admission.patch changed in the shared" in out, out
+    assert "patches/1.1/count-one-more-slot-at-admission.patch is the form 1.1 builds" in out, out
+    assert "python build.py --pin 1.1 --review --write --from 1.0" in out, out
+    assert "counts the decode step" not in own.read_text()
+
+    result = review(Pin.parse("1.1"), fork.spec(), fork.project, write=True, source=Pin.parse("1.0"))
+    assert result.wrote and "counts the decode step" in own.read_text()
