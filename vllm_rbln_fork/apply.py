@@ -297,9 +297,16 @@ def refuse_conflict_tree(tree: Path) -> None:
 def resolve_instructions(tree: Path, progress: Progress | None = None) -> str:
     reused = ""
     if progress is not None and progress.reused:
-        reused = (
-            f"{len(progress.reused)} conflicted file(s) were resolved from recorded resolutions (rerere/). "
-        )
+        reused = f"{len(progress.reused)} conflicted file(s) were resolved from recorded resolutions"
+        if progress.unexported:
+            ids = " ".join(i[:12] for i in progress.unexported)
+            reused += (
+                f", {len(progress.unexported)} of them only in this cache, never exported to rerere/ "
+                f"({ids}: a resolution an earlier carry made that was not exported). Check what they "
+                f"resolved; if one is wrong, 'python build.py forget <id>' and run this again. "
+            )
+        else:
+            reused += " (rerere/). "
     if progress is not None and not progress.stopped:
         return (
             f"{reused}Every patch is carried in {tree}: 'python build.py export --dir {tree}', "

@@ -475,6 +475,12 @@ def _continue(args: argparse.Namespace) -> int:
     progress = continue_carry(tree)
     for name in progress.reused:
         say(f"    reused a recorded resolution for {name}")
+    for record in progress.unexported:
+        say(
+            ("    note", "yellow"),
+            f" record {record[:12]} is only in this cache (never exported to rerere/); if it is "
+            f"wrong: python build.py forget {record[:12]}",
+        )
     if progress.stopped:
         say(("stopped", "bold yellow"), f" at a conflict in {', '.join(progress.unresolved)}")
         say(f"    resolve, 'git add', then: python build.py continue --dir {tree}")

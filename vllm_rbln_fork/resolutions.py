@@ -42,8 +42,10 @@ IDENTITY = Identity("vllm-rbln-fork", "vllm-rbln-fork@users.noreply.invalid", "@
 # Beside rr-cache (git's own directory must hold records only): the ids ``load`` copied
 # there and the sha256 of each postimage it wrote.
 LOADED = "rbln-rerere-loaded"
-# In a work tree's own git directory: the ids of the records its carry made or reused.
+# In a work tree's own git directory: the ids of the records its carry made or reused, and
+# of those it replayed (resolved a conflict from).
 TRACKED = "rbln-rerere-ids"
+REPLAYED = "rbln-rerere-replayed"
 RECORD_ID = re.compile(r"^[0-9a-f]{40}$")
 
 
@@ -134,15 +136,31 @@ def run_tracked(repo: Repo, tree: Path, *args: str, env: dict[str, str]) -> tupl
     records it made or reused: git writes or touches a record's postimage when it records or
     replays it, and lists a conflict still to resolve in MERGE_RR."""
     cache = _rr_cache(repo)
+    resolved_before = {i: set(_pairs(r)) for i, r in _records(cache).items()}
     start = time.time() - 0.05  # file times lag the clock by up to a tick
     status, out = repo.run(*args, env=env, cwd=tree, in_work_tree=True, ok_codes=(0, 1))
     touched = {
-        record_id
+        record_id: {
+            f for f in _pairs(record) if f.startswith("postimage") and (record / f).stat().st_mtime >= start
+        }
         for record_id, record in _records(cache).items()
-        if any((record / f).stat().st_mtime >= start for f in _pairs(record) if f.startswith("postimage"))
     }
-    _track(repo, tree, touched)
+    _track(repo, tree, {i for i, files in touched.items() if files})
+    # Replayed: a resolution that was there before the command and that git used (touched).
+    replayed = {i for i, files in touched.items() if files & resolved_before.get(i, set())}
+    if replayed:
+        path = _git_dir(repo, tree) / REPLAYED
+        known = set(path.read_text().split()) if path.is_file() else set()
+        write_atomic(path, "".join(f"{i}\n" for i in sorted(known | replayed)))
     return status, out
+
+
+def unexported(repo: Repo, tree: Path) -> tuple[str, ...]:
+    """The records the carry in ``tree`` replayed that the project does not have: ones only
+    this cache holds (a carry's resolution nobody exported), which ``load`` did not bring."""
+    path = _git_dir(repo, tree) / REPLAYED
+    replayed = set(path.read_text().split()) if path.is_file() else set()
+    return tuple(sorted(replayed - set(_loaded(_rr_cache(repo).parent / LOADED))))
 
 
 def _track(repo: Repo, tree: Path, ids: Iterable[str]) -> None:
@@ -233,6 +251,9 @@ class Progress:
     reused: tuple[str, ...]  # files resolved from a record, one entry per conflicted file
     stopped: bool  # still stopped at a conflict that needs a hand
     unresolved: tuple[str, ...]  # its files
+    # The ids of the records replayed that are not the project's (never exported): named, so
+    # that a resolution abandoned in this cache is not taken for one of rerere/.
+    unexported: tuple[str, ...] = ()
 
 
 def unmerged(repo: Repo, tree: Path) -> list[str]:
@@ -258,14 +279,14 @@ def advance(repo: Repo, tree: Path, first_output: str = "") -> Progress:
         _track(repo, tree, ())  # the conflict it stands at (MERGE_RR), resolved by hand
         left = unmerged(repo, tree)
         if left:
-            return Progress(tuple(reused), True, tuple(left))
+            return Progress(tuple(reused), True, tuple(left), unexported(repo, tree))
         picking = _picking(repo, tree)
         status, out = run_tracked(repo, tree, "cherry-pick", "--continue", env=env)
         reused += REUSED.findall(out)
         if status != 0 and in_progress(tree, repo) and _picking(repo, tree) == picking:
             # No progress (e.g. the resolution left the commit empty): a hand is needed.
-            return Progress(tuple(reused), True, ())
-    return Progress(tuple(reused), False, ())
+            return Progress(tuple(reused), True, (), unexported(repo, tree))
+    return Progress(tuple(reused), False, (), unexported(repo, tree))
 
 
 def _picking(repo: Repo, tree: Path) -> str:

@@ -270,3 +270,34 @@ def test_a_conflict_tree_in_progress_is_never_removed_by_another_carry(
     assert f"rm -rf {tree}" in message
     assert "# by hand" in gate.read_text()
     assert resolutions.in_progress(tree, Repo(tree, bare=False))
+
+
+def test_a_resolution_never_exported_is_named_when_it_replays_not_credited_to_rerere(
+    fork: Any, publish_release: Callable[[str], None]
+) -> None:
+    """Bug 8: a move resolved by hand and abandoned (never exported) left its record in the
+    cache; the next carry replayed it and said it came from rerere/ (the project's records)."""
+    publish_release("2.3")
+    series = [fork.project.series_file, *fork.project.patches_dir.glob("*.patch")]
+    before = {p: p.read_bytes() for p in series}
+    move_by_hand(fork, "1.3")  # resolved and carried, never exported
+    shutil.rmtree(fork.project.work_dir)
+    (record_id,) = [p.name for p in _rr_cache().iterdir() if (p / "postimage").is_file()]
+
+    result = _carry_to_2_3(fork)
+    assert result.carried_all and result.reused == ("vllm/core/gate.py",)
+    assert result.unexported == (record_id,)
+    said = " ".join(result.instructions.split())
+    assert "(rerere/)" not in said and "only in this cache, never exported to rerere/" in said, said
+    assert f"({record_id[:12]}:" in said and "python build.py forget <id>" in said
+
+    # Exported, the record is the project's: the next carry credits rerere/ and names nothing.
+    assert result.conflict_tree is not None
+    export(result.conflict_tree, fork.project)
+    for path in fork.project.patches_dir.glob("*.patch"):
+        path.unlink()
+    for path, data in before.items():  # 2.3 is carried from the 1.0 series again
+        path.write_bytes(data)
+    shutil.rmtree(fork.project.work_dir)
+    again = _carry_to_2_3(fork)
+    assert again.unexported == () and "(rerere/)" in again.instructions

@@ -87,6 +87,7 @@ def write_series(
             conflict_tree=tree,
             instructions=resolve_instructions(tree, progress),
             reused=progress.reused,
+            unexported=progress.unexported,
             carried_all=not progress.stopped,
         )
     with log.phase(f"export the series carried onto vllm {target.pin}"):

@@ -130,6 +130,7 @@ class Review:
     instructions: str = ""
     reused: tuple[str, ...] = ()  # conflicted files resolved from recorded resolutions (rerere/)
     carried_all: bool = False  # the conflict tree carried every patch (all conflicts reused)
+    unexported: tuple[str, ...] = ()  # records replayed from this cache only, not from rerere/
 
     @property
     def counts(self) -> dict[Status, int]:
