@@ -49,6 +49,7 @@ def test_a_resolution_recorded_at_one_pin_is_reused_at_the_next_on_a_fresh_machi
     assert "<<<<<<<" in (stopped.conflict_tree / "vllm/core/gate.py").read_text()
 
     # With it, on another fresh cache, every patch is carried and the file is the hand resolution.
+    shutil.rmtree(stopped.conflict_tree)  # the control's tree, thrown away (a carry never removes one)
     shutil.move(kept, fork.project.rerere_dir)
     monkeypatch.setenv("VLLM_RBLN_FORK_CACHE", str(tmp_path / "machine-3"))
     result = review(Pin.parse("2.3"), fork.spec(), fork.project, write=True)

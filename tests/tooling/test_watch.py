@@ -166,7 +166,7 @@ def test_a_recorded_resolution_lets_the_watcher_carry_a_conflicting_release(repo
     _git(root, "checkout", "-q", "watch/vllm-1.3", "--", "rerere")
     _git(root, "commit", "-q", "-m", "rerere: the 1.3 resolution")
     _git(root, "branch", "-q", "-D", "watch/vllm-1.3")
-    _git(root, "clean", "-q", "-fdx", "work")
+    _git(root, "clean", "-q", "-ffdx", "work")  # -ff: the conflict tree is a git work tree
 
     assert not (root / "series" / "1.3").exists()
     moved = watch(fork.project, fork.spec(), run_tier=False)
