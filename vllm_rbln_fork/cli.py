@@ -274,6 +274,8 @@ def main(argv: list[str]) -> int:
         _build_parser().error(f"unknown command {command!r}")
     except ForkError as exc:
         say(("error:", "bold red"), f" {exc}")
+        for note in getattr(exc, "__notes__", ()):  # what else the library knows (exc.add_note)
+            say(f"    {note}")
         return 2
     except KeyboardInterrupt:
         say(("interrupted", "bold red"), ": dist/ and the caches are as they were")

@@ -160,3 +160,27 @@ def test_a_fix_to_a_shared_patch_names_the_pins_whose_own_form_it_missed(
 
     result = review(Pin.parse("1.1"), fork.spec(), fork.project, write=True, source=Pin.parse("1.0"))
     assert result.wrote and "counts the decode step" in own.read_text()
+
+
+def test_review_write_leaves_its_reports_when_the_write_fails(fork: Any, tmp_path: Path) -> None:
+    """Bug 17: the reports were written after --write, so a write that failed left none. A
+    damaged series of a third pin (a move under way) makes the export fail after the carry."""
+    from vllm_rbln_fork.errors import SeriesError
+
+    lab(fork, tmp_path, "1.1")
+    root = fork.project.root
+    (root / "pins.toml").write_text((root / "pins.toml").read_text() + '[pin."1.3"]\nstatus = "moving"\n')
+    (root / "series" / "1.3").write_text("# Exported-Against: vllm 1.3\nnot-a-patch\n")
+    reports = tmp_path / "reports"
+    with pytest.raises(SeriesError, match=r"series/1\.3|1\.3 line 2") as failed:
+        review(
+            Pin.parse("1.1"),
+            fork.spec(),
+            fork.project,
+            write=True,
+            source=Pin.parse("1.0"),
+            report_dir=reports,
+        )
+    assert failed.value.__notes__ == [f"The review's reports were written first: {reports / 'review.md'}"]
+    assert (reports / "review.md").read_text().startswith("## vLLM pin review: 1.0 → 1.1")
+    assert (reports / "review.html").is_file()

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from .. import log
 from ..apply import Applied, Carried, StepKind, trailer_drop
+from ..errors import ForkError
 from ..gitrepo import Repo
 from ..pins import Pin
 from ..project import Project
@@ -84,7 +85,12 @@ def review(
         if report_dir is not None:  # before --write: a write that fails leaves the report
             write_reports(result, report_dir)
         if write:
-            result = write_series(repo, result, carried, head, target, project, scratch)
+            try:
+                result = write_series(repo, result, carried, head, target, project, scratch)
+            except ForkError as exc:
+                if report_dir is not None:
+                    exc.add_note(f"The review's reports were written first: {report_dir / 'review.md'}")
+                raise
     return result
 
 
