@@ -25,7 +25,7 @@ from .project import Project
 from .releases import release_number
 from .series import Patch, Series
 from .source import SourceKind, SourceSpec, clone_ref, copy_tree, fetch_sdist, unpack_sdist
-from .supported import read_series_for, supported_pins
+from .supported import carry_note, read_series_for, supported_pins
 
 # A cache hit needs only the modules above. The stages that a hit skips (git: apply,
 # gitrepo, upstream; the wheel build: wheel, packaging.metadata; --base-wheel: basewheel)
@@ -200,17 +200,8 @@ def build(
     if not supported_pins(project):
         for stray in series.stray_files:
             log.warn(f"patches/{stray} is not named in {project.series_file.name}; it is not applied")
-    elif series.exported_against != pin:
-        older = series.exported_against < pin
-        log.warn(
-            f"vllm {pin} has no series of its own (series/{pin}): carrying series/"
-            f"{series.exported_against}, "
-            + (
-                "the newest supported pin older than it"
-                if older
-                else "the oldest supported pin, backwards: no supported pin is older"
-            )
-        )
+    elif note := carry_note(series, pin):
+        log.warn(note)
     lock = PinsLock(project.pins_lock)
     with build_lock(), tempfile.TemporaryDirectory(prefix="build-", dir=scratch_dir()) as tmp:
         scratch = Path(tmp)

@@ -175,6 +175,20 @@ def source_pin_for(project: Project, target: Pin, source: Pin | None = None) -> 
     return (have or pins)[0]
 
 
+def carry_note(series: Series, pin: Pin) -> str | None:
+    """What a build or a checkout of ``pin`` says when ``series`` (``read_series_for``'s) is
+    another pin's: which, and why that one. None when it is the pin's own."""
+    if series.exported_against == pin:
+        return None
+    why = (
+        "the newest supported pin older than it"
+        if series.exported_against < pin
+        else "the oldest supported pin, backwards: no supported pin is older"
+    )
+    source = series.exported_against
+    return f"vllm {pin} has no series of its own (series/{pin}): carrying series/{source}, {why}"
+
+
 def unused_patch_files(project: Project) -> list[Path]:
     """Files under patches/ that no series in series/ names (export removes them)."""
     named: set[Path] = set()

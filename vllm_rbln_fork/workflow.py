@@ -10,7 +10,7 @@ import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import resolutions
+from . import log, resolutions
 from .errors import ForkError, SeriesError
 from .files import write_atomic
 from .gitrepo import Repo
@@ -20,7 +20,14 @@ from .pipeline import apply_series, build_lock, prepare, scratch_dir
 from .project import Project
 from .series import Patch, lint, parse_patch, read_series, read_series_names, render_series
 from .source import SourceSpec
-from .supported import listed_pins, read_series_for, series_pins, supported_pins, unused_patch_files
+from .supported import (
+    carry_note,
+    listed_pins,
+    read_series_for,
+    series_pins,
+    supported_pins,
+    unused_patch_files,
+)
 
 # Pinned so that exporting an unchanged branch changes no byte, whatever the
 # user's git config says. Blob ids are abbreviated to a fixed length; they stay
@@ -68,6 +75,8 @@ def checkout(pin: Pin, spec: SourceSpec, project: Project, dest: Path) -> Path:
             f"or delete it, then check out again."
         )
     series = read_series_for(project, pin)
+    if supported_pins(project) and (note := carry_note(series, pin)):
+        log.warn(note)
     with build_lock(), tempfile.TemporaryDirectory(prefix="checkout-", dir=scratch_dir()) as tmp:
         repo = Repo(upstream_repo_dir())
         lock = PinsLock(project.pins_lock)

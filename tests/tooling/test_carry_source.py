@@ -52,6 +52,10 @@ def test_an_unsupported_pin_is_built_and_reviewed_from_the_newest_older_series(
     assert result.manifest.series_exported_against == "1.0"
     assert any("carrying series/1.0, the newest supported pin older" in m for m in recorder.messages("warn"))
     assert review(Pin.parse("1.1"), fork.spec(), fork.project).old_pin == Pin.parse("1.0")
+    recorder.events.clear()
+    tree = checkout(Pin.parse("1.1"), fork.spec(), fork.project, tmp_path / "co-1.1")
+    assert any("carrying series/1.0, the newest supported pin older" in m for m in recorder.messages("warn"))
+    assert "upstream/v1.1" in Repo(tree, bare=False).out("tag", "--list")
 
 
 def test_a_pin_older_than_every_supported_one_says_it_is_carried_backwards(
