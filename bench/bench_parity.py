@@ -103,14 +103,14 @@ def main() -> int:
         ("sub-block hit tokens per admission", "sub-block-shared-prefix", "hit_tokens", "higher"),
     ]
     print(f"ours (vllm {pin}) / vllm-rbln 0.12.0 (vllm 0.30.0), one run:\n")
-    print(f"{'figure':<48}{'ours':>10}{'vllm-rbln':>12}{'ratio':>9}  better")
+    print(f"{'figure':<58}{'ours':>10}{'vllm-rbln':>12}{'ratio':>9}  better")
     for label, name, attr, better in rows:
         ours, theirs = getattr(figure(name, "ours"), attr), getattr(figure(name, "vllm-rbln"), attr)
         ratio = f"{ours / theirs:.2f}" if ours is not None and theirs else "-"
-        print(f"{label:<48}{fig._num(ours):>10}{fig._num(theirs):>12}{ratio:>9}  {better}")
+        print(f"{label:<58}{fig._num(ours):>10}{fig._num(theirs):>12}{ratio:>9}  {better}")
     ours_us, theirs_us = cpu["ours"] * 1e6, cpu["vllm-rbln"] * 1e6
     label = "CPU us per schedule()+update_from_output(), 32 decodes"
-    print(f"{label:<48}{ours_us:>10.0f}{theirs_us:>12.0f}{ours_us / theirs_us:>9.2f}  lower")
+    print(f"{label:<58}{ours_us:>10.0f}{theirs_us:>12.0f}{ours_us / theirs_us:>9.2f}  lower")
     return 0
 
 

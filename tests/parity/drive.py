@@ -176,7 +176,7 @@ def run(side: str, w: Workload) -> dict[str, Any]:
                 )
             )
             arrived[a.req_id] = len(driver.steps)
-        if not pending and not scheduler.has_requests() and not driver._in_flight:
+        if not pending and not scheduler.has_requests() and not driver.batches_in_flight:
             break
         if w.max_in_flight > 1:
             driver.step_with_batch_queue()

@@ -218,6 +218,11 @@ class Driver:
         self._update(batch)
         return batch.record
 
+    @property
+    def batches_in_flight(self) -> int:
+        """Batches scheduled whose output has not come back yet."""
+        return len(self._in_flight)
+
     def step_with_batch_queue(self) -> StepRecord | None:
         """One call of `EngineCore.step_with_batch_queue` with a queue of
         `max_in_flight` batches (async scheduling keeps two; so does pipeline
@@ -330,7 +335,7 @@ class Driver:
         for taken in range(max_steps):
             if target is not None and target <= self.finished:
                 return taken
-            if target is None and not self.scheduler.has_requests() and not self._in_flight:
+            if target is None and not self.scheduler.has_requests() and not self.batches_in_flight:
                 return taken
             if self.max_in_flight > 1:
                 self.step_with_batch_queue()
