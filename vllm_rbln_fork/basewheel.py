@@ -33,7 +33,6 @@ from packaging.utils import (
 )
 from packaging.version import Version
 
-from . import log
 from .errors import BaseWheelError, IndexUnreachable, SourceHashMismatch
 from .files import sha256_of
 from .gitrepo import Repo
@@ -138,9 +137,8 @@ def fetch_base_wheel(spec: BaseWheelSpec, index_url: str, lock: PinsLock) -> Bas
 
 def _locked(lock: PinsLock, base: BaseWheel) -> BaseWheel:
     _check_name(base.filename)
-    if lock.check_or_record_base_wheel(LockedSdist(base.filename, base.sha256, base.path.stat().st_size)):
-        log.info(f"recorded {base.filename} sha256 {base.sha256} in {lock.path.name}")
-    return base
+    lock.check_or_record_base_wheel(LockedSdist(base.filename, base.sha256, base.path.stat().st_size))
+    return base  # recorded by lock.commit(), once the wheel built over it is in dist/
 
 
 def _check_name(filename: str) -> None:

@@ -41,8 +41,17 @@ def _memo_file(path: Path, memo_dir: Path) -> Path:
 
 
 def remember_sha256(path: Path, sha256: str, memo_dir: Path) -> None:
-    """Record that ``path``, as it is now, has ``sha256`` (for :func:`sha256_remembered`)."""
-    write_atomic(_memo_file(path, memo_dir), f"{_stamp(path)} {sha256}\n", durable=False)
+    """Record that ``path``, as it is now, has ``sha256`` (for :func:`sha256_remembered`).
+
+    The memo only saves reading the file again: a memo that cannot be written (a full disk,
+    a read-only cache) is said and otherwise ignored; it never fails the caller."""
+    try:
+        write_atomic(_memo_file(path, memo_dir), f"{_stamp(path)} {sha256}\n", durable=False)
+    except OSError as exc:
+        log.warn(
+            f"cannot remember the sha256 of {path.name} in {memo_dir} ({exc}); "
+            f"it will be hashed again next time"
+        )
 
 
 def sha256_remembered(path: Path, memo_dir: Path) -> str:
@@ -53,7 +62,7 @@ def sha256_remembered(path: Path, memo_dir: Path) -> str:
     stamp = _stamp(path)
     try:
         known_stamp, _, known = memo.read_text().strip().rpartition(" ")
-    except FileNotFoundError:
+    except (OSError, UnicodeDecodeError):  # none yet, or unreadable: hash the file
         known_stamp = known = ""
     if known_stamp == stamp and len(known) == 64:
         return known
@@ -98,6 +107,15 @@ def write_atomic(path: Path, data: str | bytes, *, skip_if_same: bool = False, d
     except BaseException:
         os.unlink(tmp)
         raise
+
+
+def fsync_dir(directory: Path) -> None:
+    """Flush ``directory``'s entries (a rename into it) to disk."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def copy_atomic(source: Path, target: Path, sha256: str | None = None) -> None:

@@ -49,11 +49,25 @@ class LockedSdist:
     size: int | None = None
 
 
+def _entry(locked: LockedSdist, *, with_filename: bool) -> dict[str, object]:
+    entry: dict[str, object] = {"filename": locked.filename} if with_filename else {}
+    entry["sha256"] = locked.sha256
+    if locked.size is not None:
+        entry["size"] = locked.size
+    return entry
+
+
 class PinsLock:
-    """``pins.lock``: the sha256 of each pin's sdist and each base wheel, written when first fetched."""
+    """``pins.lock``: the sha256 of each pin's sdist and each base wheel.
+
+    A new entry is checked and held in memory (:meth:`check_or_record`) and written by
+    :meth:`commit`, which the build calls only once the wheel is in dist/ (a checkout or a
+    review once the sdist has unpacked cleanly): a truncated, unsafe or killed fetch never
+    leaves a hash behind that would refuse the right file afterwards."""
 
     def __init__(self, path: Path = PINS_LOCK) -> None:
         self.path = path
+        self._staged: dict[str, dict[str, LockedSdist]] = {"vllm": {}, "base-wheel": {}}
 
     def _read(self, table: str = "vllm") -> dict[str, dict[str, object]]:
         """The ``[vllm."<pin>"]`` tables (or ``[base-wheel."<file>"]``), each checked to have a
@@ -80,7 +94,7 @@ class PinsLock:
     def get(self, pin: Pin) -> LockedSdist | None:
         entry = self._read().get(str(pin))
         if entry is None:
-            return None
+            return self._staged["vllm"].get(str(pin))
         size = entry.get("size")
         return LockedSdist(str(entry["filename"]), str(entry["sha256"]), int(size) if size else None)  # type: ignore[call-overload]
 
@@ -96,18 +110,33 @@ class PinsLock:
                     f"{self.path.name} by hand; otherwise check the index (--index-url)."
                 )
             return False
-        entries = self._read()
-        entries[str(pin)] = {"filename": sdist.filename, "sha256": sdist.sha256}
-        if sdist.size is not None:
-            entries[str(pin)]["size"] = sdist.size
-        self._write(vllm=dict(sorted(entries.items(), key=lambda kv: Version(kv[0]))))
+        self._staged["vllm"][str(pin)] = sdist
         return True
+
+    def commit(self) -> list[str]:
+        """Write the entries :meth:`check_or_record` and :meth:`check_or_record_base_wheel`
+        held back; return their names (empty when there were none)."""
+        if not any(self._staged.values()):
+            return []
+        vllm = self._read()
+        for name, sdist in self._staged["vllm"].items():
+            vllm.setdefault(name, _entry(sdist, with_filename=True))
+        wheels = self._read("base-wheel")
+        for name, wheel in self._staged["base-wheel"].items():
+            wheels.setdefault(name, _entry(wheel, with_filename=False))
+        self._write(
+            vllm=dict(sorted(vllm.items(), key=lambda kv: Version(kv[0]))),
+            base_wheel=dict(sorted(wheels.items())),
+        )
+        names = [*self._staged["vllm"], *self._staged["base-wheel"]]
+        self._staged = {"vllm": {}, "base-wheel": {}}
+        return names
 
     def get_base_wheel(self, filename: str) -> LockedSdist | None:
         """A ``--base-wheel`` file recorded under ``[base-wheel."<file name>"]``."""
         entry = self._read("base-wheel").get(filename)
         if entry is None:
-            return None
+            return self._staged["base-wheel"].get(filename)
         size = entry.get("size")
         return LockedSdist(filename, str(entry["sha256"]), int(size) if size else None)  # type: ignore[call-overload]
 
@@ -122,11 +151,7 @@ class PinsLock:
                     f"from, or, after review, remove its entry from {self.path.name} by hand."
                 )
             return False
-        entries = self._read("base-wheel")
-        entries[wheel.filename] = {"sha256": wheel.sha256}
-        if wheel.size is not None:
-            entries[wheel.filename]["size"] = wheel.size
-        self._write(base_wheel=dict(sorted(entries.items())))
+        self._staged["base-wheel"][wheel.filename] = wheel
         return True
 
     def _write(

@@ -17,12 +17,22 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import __version__, log
-from .files import held, remember_sha256, sha256_of, sha256_remembered, tree_id, write_atomic
+from .errors import ForkError
+from .files import (
+    copy_atomic,
+    fsync_dir,
+    held,
+    remember_sha256,
+    sha256_of,
+    sha256_remembered,
+    tree_id,
+    write_atomic,
+)
 from .manifest import BuildManifest, PatchRecord
 from .paths import PROJECT_ROOT, cache_root, hash_memo_dir, locks_dir, upstream_repo_dir, wheel_cache_dir
 from .pins import Pin, PinsLock
 from .project import Project
-from .releases import release_number
+from .releases import record_release, release_number
 from .series import Patch, Series
 from .source import SourceKind, SourceSpec, clone_ref, copy_tree, fetch_sdist, unpack_sdist
 from .supported import carry_note, read_series_for, supported_pins
@@ -72,7 +82,23 @@ def build_lock() -> Iterator[None]:
     ):
         for path in sweep_unfinished_packs(upstream_repo_dir()):
             log.info(f"removed {path.name}, an unfinished pack a killed import left in {upstream_repo_dir()}")
+        for path in _sweep_scratch():
+            log.info(f"removed {path}, the scratch folder of a build that was killed")
         yield
+
+
+def _sweep_scratch() -> list[Path]:
+    """Every scratch folder under ``cache/tmp``: each is made by a build, checkout or review
+    under the build lock and removed before it is let go, so one found by the lock's new
+    holder is a killed run's (an unpacked sdist: hundreds of MB, kept forever otherwise)."""
+    root = cache_root() / "tmp"
+    stale = sorted(root.iterdir()) if root.is_dir() else []
+    for path in stale:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+    return stale
 
 
 def scratch_dir() -> Path:
@@ -219,7 +245,7 @@ def build(
                 fetched = fetch_sdist(pin, spec, lock)
             key = cache_key(key_parts(fetched[1], series, pin, base_identity))
             if use_cache and (hit := _cached(key, project, pin)):
-                return hit
+                return _finish(hit, project, lock)
         from .apply import checkout_into, materialize
         from .gitrepo import Repo
         from .wheel import build_wheel
@@ -229,7 +255,7 @@ def build(
         if key is None:
             key = cache_key(key_parts(repo.tree_of(target.upstream.commit), series, pin, base_identity))
             if use_cache and (hit := _cached(key, project, pin)):
-                return hit
+                return _finish(hit, project, lock)
         if base is not None and policy is not None:
             from .basewheel import check_base
 
@@ -244,9 +270,7 @@ def build(
             else:
                 checkout_into(repo, result.head, tree_dir, scratch / "index-patched")
         patched_tree = repo.tree_of(result.head)
-        n, new = release_number(project.releases_file, pin, patched_tree)
-        if new:
-            log.info(f"new fork release {pin}+rbln.{n} recorded in {project.releases_file.name}")
+        n, _ = release_number(project.releases_file, pin, patched_tree)
         manifest = _manifest(pin, n, target, result, series, patched_tree)
         if base is None or policy is None:
             with log.phase(f"build wheel {manifest.wheel_version}"):
@@ -276,7 +300,21 @@ def build(
                 )
         manifest = replace(manifest, wheel_file=wheel.name, wheel_sha256=sha256_of(wheel))
         entry = _store(key, wheel, manifest)
-        return _install_into_dist(entry, project, cached=False)
+        return _finish(_install_into_dist(entry, project, cached=False), project, lock)
+
+
+def _finish(result: BuildResult, project: Project, lock: PinsLock) -> BuildResult:
+    """Once the wheel is in dist/, and only then: record the sdist's hash in pins.lock and the
+    wheel's number in fork-releases.toml (a build killed or failed before leaves both as
+    they were)."""
+    for name in lock.commit():
+        log.info(f"recorded {name}'s sha256 in {lock.path.name}")
+    manifest = result.manifest
+    pin = Pin.parse(manifest.pin)
+    if release_number(project.releases_file, pin, manifest.patched_tree)[1]:
+        record_release(project.releases_file, pin, manifest.fork_release, manifest.patched_tree)
+        log.info(f"new fork release {manifest.wheel_version} recorded in {project.releases_file.name}")
+    return result
 
 
 def _index_url(spec: SourceSpec) -> str:
@@ -314,25 +352,40 @@ def _store(key: str, wheel: Path, manifest: BuildManifest) -> Path:
         shutil.rmtree(entry)
     wheel_cache_dir().mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{key[:12]}-", dir=wheel_cache_dir()))
-    shutil.copy2(wheel, tmp / wheel.name)
-    (tmp / "manifest.json").write_text(manifest.to_json())
+    copy_atomic(wheel, tmp / wheel.name)  # each flushed to disk (fsync)
+    write_atomic(tmp / "manifest.json", manifest.to_json())
     tmp.rename(entry)
+    fsync_dir(wheel_cache_dir())
     remember_sha256(entry / wheel.name, manifest.wheel_sha256, hash_memo_dir())
     return entry
 
 
 def _cached(key: str, project: Project, pin: Pin) -> BuildResult | None:
+    """The cached wheel of ``key``, put in dist/; None (a miss) when there is none, when it is
+    damaged (its manifest unreadable, its wheel missing or of other bytes), or when its label
+    is not the one fork-releases.toml gives its tree: one label never names two trees (a
+    colleague's release may have taken the number since the wheel was cached)."""
     entry = wheel_cache_dir() / key
     if not (entry / "manifest.json").exists():
         return None
-    manifest = BuildManifest.from_json((entry / "manifest.json").read_text())
+    try:
+        manifest = BuildManifest.from_json((entry / "manifest.json").read_text())
+    except (ValueError, TypeError, KeyError, OSError) as exc:  # JSONDecodeError is a ValueError
+        log.warn(f"the cache entry {entry} has an unreadable manifest.json ({exc}); rebuilding")
+        shutil.rmtree(entry, ignore_errors=True)
+        return None
     wheel = entry / manifest.wheel_file
     if not wheel.exists() or sha256_remembered(wheel, hash_memo_dir()) != manifest.wheel_sha256:
         log.warn(f"the cached wheel in {entry} is damaged; rebuilding")
         shutil.rmtree(entry, ignore_errors=True)
         return None
-    # Keep the release ledger whole even if it was reverted since the first build.
-    release_number(project.releases_file, pin, manifest.patched_tree)
+    n, _ = release_number(project.releases_file, pin, manifest.patched_tree)
+    if n != manifest.fork_release:
+        log.warn(
+            f"the cached {manifest.wheel_file} is labelled +rbln.{manifest.fork_release}, but "
+            f"{project.releases_file.name} gives its tree +rbln.{n}; rebuilding it with that label"
+        )
+        return None
     log.info(f"cache hit: {manifest.wheel_file} (same source, series, tool code, Python and lock)")
     return _install_into_dist(entry, project, cached=True)
 
@@ -342,11 +395,19 @@ def _install_into_dist(entry: Path, project: Project, *, cached: bool) -> BuildR
     A wheel already in dist/ with the right bytes (its remembered sha256) is left alone."""
     manifest = BuildManifest.from_json((entry / "manifest.json").read_text())
     dist = project.dist_dir
-    dist.mkdir(parents=True, exist_ok=True)
     wheel = dist / manifest.wheel_file
     manifest_file = dist / (manifest.wheel_file.removesuffix(".whl") + ".manifest.json")
-    if not (wheel.is_file() and sha256_remembered(wheel, hash_memo_dir()) == manifest.wheel_sha256):
-        write_atomic(wheel, (entry / manifest.wheel_file).read_bytes())
-        remember_sha256(wheel, manifest.wheel_sha256, hash_memo_dir())
-    write_atomic(manifest_file, (entry / "manifest.json").read_bytes(), skip_if_same=True)
+    try:
+        dist.mkdir(parents=True, exist_ok=True)
+        if not (wheel.is_file() and sha256_remembered(wheel, hash_memo_dir()) == manifest.wheel_sha256):
+            copy_atomic(entry / manifest.wheel_file, wheel)
+            remember_sha256(wheel, manifest.wheel_sha256, hash_memo_dir())
+        write_atomic(manifest_file, (entry / "manifest.json").read_bytes(), skip_if_same=True)
+    except OSError as exc:
+        raise ForkError(
+            f"cannot write {manifest.wheel_file} into {dist} ({exc.strerror or exc}). Nothing there "
+            f"was half-written, and pins.lock and {project.releases_file.name} were left as they were. "
+            f"Make {dist} a writable folder (or free space on its disk) and run the same command "
+            f"again: the wheel is cached, so that takes a moment."
+        ) from None
     return BuildResult(wheel, manifest_file, manifest, cached)

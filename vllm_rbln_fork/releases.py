@@ -43,13 +43,27 @@ def _read(path: Path) -> list[dict[str, object]]:
 
 
 def release_number(path: Path, pin: Pin, tree: str) -> tuple[int, bool]:
-    """Return (n, newly assigned) for this pin and patched tree, recording a new one."""
-    releases = _read(path)
-    same_pin = [r for r in releases if r["pin"] == str(pin)]
+    """Return (n, new) for this pin and patched tree: its recorded number, or the next one
+    (``new``), which nothing records until :func:`record_release` (the build calls it only
+    once the wheel is in dist/: a killed or failed build leaves the ledger as it was)."""
+    same_pin = [r for r in _read(path) if r["pin"] == str(pin)]
     for release in same_pin:
         if release["tree"] == tree:
             return int(release["n"]), False  # type: ignore[call-overload]
-    n = max((int(r["n"]) for r in same_pin), default=0) + 1  # type: ignore[call-overload]
+    return max((int(r["n"]) for r in same_pin), default=0) + 1, True  # type: ignore[call-overload]
+
+
+def record_release(path: Path, pin: Pin, n: int, tree: str) -> None:
+    """Append (pin, n, tree) to the ledger; refuse (nothing written) a number or a tree that
+    it already gives to another tree or number."""
+    releases = _read(path)
+    for release in releases:
+        if release["pin"] == str(pin) and (release["n"] == n) != (release["tree"] == tree):
+            raise ForkError(
+                f"{path.name} already gives vllm {pin}+rbln.{release['n']} to tree {release['tree']}; "
+                f"it changed while this build ran. Run the build again."
+            )
+        if release["pin"] == str(pin) and release["n"] == n:
+            return
     releases.append({"pin": str(pin), "n": n, "tree": tree})
     write_atomic(path, HEADER + tomli_w.dumps({"release": releases}))
-    return n, True

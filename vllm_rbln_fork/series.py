@@ -97,7 +97,15 @@ class Series:
 
 def parse_patch(name: str, data: bytes, path: str = "") -> Patch:
     """Parse one ``git format-patch`` file; raise SeriesError naming it if it is not one."""
-    text = data.decode("utf-8")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise SeriesError(
+            f"patches/{name}, line {line}: byte {data[exc.start]:#04x} is not UTF-8; a patch is "
+            f"UTF-8 text, as export writes it. Re-export it from its work tree ('python build.py "
+            f"export'), or restore it from git (git checkout -- patches/{name})."
+        ) from None
     if not text.startswith("From ") or "\ndiff --git " not in text:
         raise SeriesError(
             f"patches/{name} is not a git format-patch file (it must start with a 'From ' line "

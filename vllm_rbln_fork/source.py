@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
-from . import log
 from .errors import ForkError, SourceHashMismatch, UnsafeSource
 from .files import sha256_remembered
 from .paths import downloads_dir, hash_memo_dir
 from .pins import LockedSdist, Pin, PinsLock
+from .urls import redact
 
 
 class SourceKind(StrEnum):
@@ -99,8 +99,7 @@ def fetch_sdist(pin: Pin, spec: SourceSpec, lock: PinsLock) -> tuple[Path, str]:
         )
     downloads_dir().mkdir(parents=True, exist_ok=True)
     path = index.download(remote, downloads_dir() / remote.filename)
-    if lock.check_or_record(pin, remote.locked):
-        log.info(f"recorded {remote.filename} sha256 {remote.sha256} in pins.lock")
+    lock.check_or_record(pin, remote.locked)  # written by lock.commit(), once it is used
     return path, remote.sha256
 
 
@@ -200,7 +199,12 @@ def clone_ref(url: str, ref: str, dest: Path) -> tuple[Path, int]:
         repo = git.Repo.clone_from(url, dest, no_checkout=True)
         repo.git.checkout(ref)
     except git.GitCommandError as exc:
-        raise ForkError(f"cannot check out {ref!r} from {url}: {exc.stderr.strip()}") from None
+        raise ForkError(f"cannot check out {ref!r} from {redact(url)}: {exc.stderr.strip()}") from None
+    except git.UnsafeProtocolError:
+        raise ForkError(
+            f"--source git+{redact(url)}@{ref}: git's ext:: transport runs a command; it is refused. "
+            f"Give an https://, ssh:// or file:// URL, or a local path."
+        ) from None
     epoch = int(repo.head.commit.committed_date)
     shutil.rmtree(dest / ".git")
     return dest, epoch

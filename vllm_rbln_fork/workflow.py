@@ -81,6 +81,7 @@ def checkout(pin: Pin, spec: SourceSpec, project: Project, dest: Path) -> Path:
         repo = Repo(upstream_repo_dir())
         lock = PinsLock(project.pins_lock)
         target = prepare(repo, pin, spec, lock, Path(tmp))
+        lock.commit()  # the sdist is in git: its hash may be recorded
         result = apply_series(repo, series, target, spec, lock, Path(tmp), project)
         dest.parent.mkdir(parents=True, exist_ok=True)
         repo.run("clone", "--quiet", "--branch", target.upstream.branch, str(repo.git_dir), str(dest))

@@ -251,3 +251,24 @@ def test_a_malformed_project_file_is_named_with_its_line(fork, monkeypatch, caps
     err = capsys.readouterr().err
     assert "Traceback" not in err and name in err and says in err and "git checkout" in err
     assert path.read_text() == text  # nothing was written over it
+
+
+def test_a_non_utf8_byte_in_a_patch_is_named_with_its_line(fork) -> None:
+    patch = fork.project.patches_dir / "add-rbln-padding.patch"
+    data = patch.read_bytes()
+    patch.write_bytes(data.replace(b"RBLN NPUs need", b"RBLN NPUs \xff need"))
+    line = data[: data.index(b"RBLN NPUs need")].count(b"\n") + 1
+    with pytest.raises(
+        SeriesError, match=rf"add-rbln-padding.patch, line {line}: byte 0xff is not UTF-8.*export"
+    ):
+        build(Pin.parse("1.0"), fork.spec(), fork.project)
+
+
+def test_a_git_ext_source_is_refused_without_running_it(fork, tmp_path) -> None:
+    from vllm_rbln_fork.errors import ForkError
+
+    ran = tmp_path / "ran"
+    spec = SourceSpec.parse(f"git+ext::sh -c touch% {ran}@main", None)
+    with pytest.raises(ForkError, match="ext:: transport runs a command; it is refused"):
+        build(Pin.parse("1.0"), spec, fork.project)
+    assert not ran.exists()

@@ -55,6 +55,7 @@ def carried_series(
         repo = Repo(upstream_repo_dir())
         target = prepare(repo, pin, spec, lock, scratch)
         base = base_upstream(repo, series, target, spec, lock, scratch)
+        lock.commit()  # both sdists are in git: their hashes may be recorded
         with log.phase(f"carry {len(series.patches)} patches from vllm {base.pin} onto {pin}"):
             built = commit_series_on(repo, base, series, scratch)
             result = carry(repo, built, target.upstream, scratch, at_conflict=AtConflict.GO_ON)

@@ -1,0 +1,128 @@
+"""What a build leaves when it is killed, fails or meets a damaged cache: pins.lock and
+fork-releases.toml are written only once the wheel is in dist/, a killed build's scratch is
+swept by the next one, a damaged cache entry is a miss, and one label never names two trees."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import shutil
+import signal
+import time
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from vllm_rbln_fork.errors import ForkError
+from vllm_rbln_fork.paths import hash_memo_dir, wheel_cache_dir
+from vllm_rbln_fork.pins import Pin, PinsLock
+from vllm_rbln_fork.pipeline import build
+
+
+def _releases(fork) -> list[dict[str, object]]:
+    path = fork.project.releases_file
+    return tomllib.loads(path.read_text())["release"] if path.exists() else []
+
+
+def _text(path: Path) -> str | None:
+    return path.read_text() if path.exists() else None
+
+
+def test_a_cache_hit_never_gives_a_label_the_ledger_gives_another_tree(fork, recorder) -> None:
+    first = build(Pin.parse("1.0"), fork.spec(), fork.project)
+    tree, n = first.manifest.patched_tree, first.manifest.fork_release
+    # A colleague released another tree as the same number; the pull brought their ledger.
+    ledger = fork.project.releases_file
+    ledger.write_text(ledger.read_text().replace(tree, "c" * 40))
+    again = build(Pin.parse("1.0"), fork.spec(), fork.project)
+    assert not again.cached
+    assert again.manifest.fork_release == n + 1 and f"+rbln.{n + 1}-" in again.wheel.name
+    assert {"pin": "1.0", "n": n + 1, "tree": tree} in _releases(fork)
+    assert any(f"gives its tree +rbln.{n + 1}" in w for w in recorder.messages("warn"))
+    third = build(Pin.parse("1.0"), fork.spec(), fork.project)  # the relabelled wheel is a hit
+    assert third.cached and third.manifest.fork_release == n + 1
+
+
+def test_an_empty_or_corrupt_cached_manifest_is_a_miss(fork, recorder) -> None:
+    first = build(Pin.parse("1.0"), fork.spec(), fork.project)
+    [entry] = [p for p in wheel_cache_dir().iterdir() if (p / "manifest.json").exists()]
+    for broken in ("", "{not json", '{"pin": "1.0"}'):
+        (entry / "manifest.json").write_text(broken)
+        again = build(Pin.parse("1.0"), fork.spec(), fork.project)
+        assert not again.cached and again.manifest.wheel_sha256 == first.manifest.wheel_sha256
+    assert any("unreadable manifest.json" in w for w in recorder.messages("warn"))
+
+
+def test_a_hash_memo_that_cannot_be_written_does_not_fail_the_build(fork, isolated_cache, recorder) -> None:
+    shutil.rmtree(hash_memo_dir(), ignore_errors=True)
+    hash_memo_dir().write_text("a file where the memo's folder goes: every write to it fails")
+    result = build(Pin.parse("1.1"), fork.spec(), fork.project)
+    assert result.wheel.is_file()
+    assert any("cannot remember the sha256" in w for w in recorder.messages("warn"))
+
+
+def test_a_dist_that_cannot_be_written_is_named_and_records_nothing(fork) -> None:
+    # As root (the CI), a read-only folder is writable: a file where dist/ goes fails the same way.
+    lock, ledger = fork.project.pins_lock, fork.project.releases_file
+    before = (_text(lock), _text(ledger))
+    fork.project.dist_dir.write_text("not a folder")
+    with pytest.raises(ForkError, match=r"cannot write vllm-1\.1\+rbln\.1-.*into .*dist.*writable"):
+        build(Pin.parse("1.1"), fork.spec(), fork.project)
+    assert (_text(lock), _text(ledger)) == before  # 1.1's hash and number are not recorded
+    fork.project.dist_dir.unlink()
+    result = build(Pin.parse("1.1"), fork.spec(), fork.project)  # the way out the message names
+    assert result.cached and PinsLock(lock).get(Pin.parse("1.1")) is not None
+    assert {"pin": "1.1", "n": 1, "tree": result.manifest.patched_tree} in _releases(fork)
+
+
+class _StopAtWheel:
+    """The reporter of the build in the child: says when the wheel build starts, then waits
+    there (to be killed)."""
+
+    def __init__(self, queue: multiprocessing.Queue) -> None:
+        self.queue = queue
+
+    def phase_start(self, phase: str) -> None:
+        if phase.startswith("build wheel"):
+            self.queue.put(phase)
+            time.sleep(300)
+
+    def phase_end(self, phase: str, seconds: float) -> None: ...
+    def message(self, level: str, text: str) -> None: ...
+    def progress(self, task: str, done: int, total: int | None) -> None: ...
+
+
+def _build_until_killed(root: str, cache: str, url: str, queue: multiprocessing.Queue) -> None:
+    from vllm_rbln_fork import log
+    from vllm_rbln_fork.project import Project
+    from vllm_rbln_fork.source import SourceSpec
+
+    os.environ["VLLM_RBLN_FORK_CACHE"] = cache
+    log.set_reporter(_StopAtWheel(queue))
+    build(Pin.parse("1.1"), SourceSpec("index", url), Project(Path(root)))
+
+
+def test_a_sigkilled_build_records_nothing_and_the_next_sweeps_its_scratch(
+    fork, isolated_cache, recorder
+) -> None:
+    lock, ledger = fork.project.pins_lock, fork.project.releases_file
+    before = (_text(lock), _text(ledger))
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    child = ctx.Process(
+        target=_build_until_killed, args=(str(fork.project.root), str(isolated_cache), fork.index.url, queue)
+    )
+    child.start()
+    try:
+        assert queue.get(timeout=120).startswith("build wheel")
+    finally:
+        os.kill(child.pid, signal.SIGKILL)
+        child.join()
+    assert child.exitcode == -signal.SIGKILL
+    assert (_text(lock), _text(ledger)) == before
+    [scratch] = (isolated_cache / "tmp").glob("build-*")  # the unpacked 1.1 sdist, left behind
+    result = build(Pin.parse("1.1"), fork.spec(), fork.project)
+    assert result.wheel.is_file() and not scratch.exists()
+    assert list((isolated_cache / "tmp").iterdir()) == []
+    assert any(str(scratch) in m and "killed" in m for m in recorder.messages("info"))
