@@ -49,6 +49,14 @@ class LockedSdist:
     size: int | None = None
 
 
+def _is_version(text: str) -> bool:
+    try:
+        Version(text)
+    except InvalidVersion:
+        return False
+    return True
+
+
 def _entry(locked: LockedSdist, *, with_filename: bool) -> dict[str, object]:
     entry: dict[str, object] = {"filename": locked.filename} if with_filename else {}
     entry["sha256"] = locked.sha256
@@ -90,6 +98,10 @@ class PinsLock:
                     f"or delete the entry to record it again."
                 )
         return dict(entries)
+
+    def pinned(self) -> list[str]:
+        """The pins recorded, as spelled in the file."""
+        return [name for name in self._read() if _is_version(name)]
 
     def get(self, pin: Pin) -> LockedSdist | None:
         entry = self._read().get(str(pin))

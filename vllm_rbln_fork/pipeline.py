@@ -35,7 +35,7 @@ from .project import Project
 from .releases import record_release, release_number
 from .series import Patch, Series
 from .source import SourceKind, SourceSpec, clone_ref, copy_tree, fetch_sdist, unpack_sdist
-from .supported import carry_note, read_series_for, supported_pins
+from .supported import carry_note, project_spelling, read_series_for, supported_pins
 
 # A cache hit needs only the modules above. The stages that a hit skips (git: apply,
 # gitrepo, upstream; the wheel build: wheel, packaging.metadata; --base-wheel: basewheel)
@@ -129,7 +129,7 @@ def prepare(
         with log.phase(f"import vllm {pin} into git"):
             # One pass over the sdist: each file is written out and streamed into git.
             with tree_import(repo) as (importer, tree):
-                tree_dir, epoch = unpack_sdist(sdist, scratch / f"src-{pin}", importer.add)
+                tree_dir, epoch = unpack_sdist(sdist, scratch / f"src-{pin}", importer.add, pin)
             origin = f"{sdist.name} (sha256 {sha256})"
             up = record_import(repo, pin, tree[0], epoch, origin, canonical=True)
         return Prepared(up, spec.kind, sdist.name, sha256, tree_dir)
@@ -222,6 +222,7 @@ def build(
     base_wheel: BaseWheelSpec | None = None,
 ) -> BuildResult:
     """The RBLN wheel of ``pin``: pure Python by default, or over ``base_wheel``'s binary build."""
+    pin = project_spelling(project, pin)
     series = read_series_for(project, pin)
     if not supported_pins(project):
         for stray in series.stray_files:

@@ -1,11 +1,12 @@
 """Where a pin's source comes from: the index (default), a local sdist/tree, or a git ref.
 
-Sdists are unpacked with tarfile's ``data`` filter: no absolute paths, no ``..``,
-no links out of the tree.
+An sdist is unpacked by :func:`unpack_sdist`, which refuses absolute paths, ``..``, links
+and devices, and checks its file name, top folder and PKG-INFO against the pin.
 """
 
 from __future__ import annotations
 
+import email.parser
 import os
 import shutil
 import zlib
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
-from .errors import ForkError, SourceHashMismatch, UnsafeSource
+from .errors import BadPin, ForkError, SourceHashMismatch, UnsafeSource
 from .files import sha256_remembered
 from .paths import downloads_dir, hash_memo_dir
 from .pins import LockedSdist, Pin, PinsLock
@@ -78,6 +79,7 @@ def fetch_sdist(pin: Pin, spec: SourceSpec, lock: PinsLock) -> tuple[Path, str]:
     """
     if spec.kind is SourceKind.SDIST:
         path = Path(spec.location)
+        check_sdist_name(path.name, pin, f"--source {path}")
         sha256 = sha256_remembered(path, hash_memo_dir())
         lock.check_or_record(pin, LockedSdist(path.name, sha256, path.stat().st_size))
         return path, sha256
@@ -90,6 +92,7 @@ def fetch_sdist(pin: Pin, spec: SourceSpec, lock: PinsLock) -> tuple[Path, str]:
 
     index_url = spec.index_url()
     remote = index.find_sdist(pin, index_url)
+    check_sdist_name(remote.filename, pin, f"the index {redact(index_url)}")
     if locked is not None and locked.sha256 != remote.sha256:
         raise SourceHashMismatch(
             f"the index {index_url} offers {remote.filename} with sha256 {remote.sha256}, but "
@@ -103,13 +106,56 @@ def fetch_sdist(pin: Pin, spec: SourceSpec, lock: PinsLock) -> tuple[Path, str]:
     return path, remote.sha256
 
 
+def check_sdist_name(filename: str, pin: Pin, where: str) -> None:
+    """Refuse an sdist whose file name is not vLLM ``pin``'s, spelled as ``--pin`` is: a
+    version PEP 440 holds equal but spelled otherwise (``1.0.0`` for ``1.0``) would get a
+    ledger, a lock entry and a wheel name of its own."""
+    from packaging.utils import InvalidSdistFilename, parse_sdist_filename
+
+    try:
+        name, version = parse_sdist_filename(filename)
+    except InvalidSdistFilename:
+        name, version = "", None
+    if name != "vllm" or version is None or version != pin.version:
+        raise UnsafeSource(
+            f"{where}: {filename} is not vLLM {pin}'s sdist (vllm-{pin}.tar.gz); nothing was built "
+            f"or recorded. Give --pin the version the file is, or the sdist of vllm {pin}."
+        )
+    if str(version) != str(pin):
+        raise BadPin(
+            f"--pin {pin}: vLLM spells this release {version} ({where} has {filename}). Give "
+            f"--pin {version}: one release has one spelling in pins.lock, fork-releases.toml "
+            f"and the wheel's name."
+        )
+
+
+def _check_member_version(sdist: Path, what: str, found: str, pin: Pin) -> None:
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        same = Version(found) == pin.version
+    except InvalidVersion:
+        same = False
+    if not same:
+        raise UnsafeSource(
+            f"{sdist.name}: its {what} says version {found!r}, not {pin}: it is not vLLM {pin}'s "
+            f"sdist, and nothing from it was used or recorded. Give --pin the version the file "
+            f"is, or the sdist of vllm {pin}."
+        )
+
+
 FileSink = Callable[[str, int, bytes], None]
 """Called with each file of an sdist as it is unpacked: (its path inside the top
 directory, 0o755 or 0o644, its bytes)."""
 
 
-def unpack_sdist(sdist: Path, dest: Path, sink: FileSink | None = None) -> tuple[Path, int]:
+def unpack_sdist(
+    sdist: Path, dest: Path, sink: FileSink | None = None, pin: Pin | None = None
+) -> tuple[Path, int]:
     """Unpack ``sdist`` into ``dest`` in one pass; return (its top directory, SOURCE_DATE_EPOCH).
+
+    With ``pin``, the top directory (``vllm-<version>``) and ``PKG-INFO``'s ``Version`` must
+    be that pin's: a file renamed to another pin's name is refused.
 
     Each file is also handed to ``sink`` (the git import), so the sdist is read once. An
     sdist holds only files and directories under one top directory: a member that is
@@ -127,6 +173,7 @@ def unpack_sdist(sdist: Path, dest: Path, sink: FileSink | None = None) -> tuple
 
     top: str | None = None
     epoch = 0
+    seen_pkg_info = False
     made: set[str] = set()
     try:
         with tarfile.open(sdist, "r:gz") as tar:
@@ -146,6 +193,8 @@ def unpack_sdist(sdist: Path, dest: Path, sink: FileSink | None = None) -> tuple
                     )
                 if top is None:
                     top = parts[0]
+                    if pin is not None:
+                        _check_member_version(sdist, f"top folder {top!r}", top.rpartition("-")[2], pin)
                 if parts[0] != top or (member.isreg() and len(parts) == 1):
                     raise UnsafeSource(
                         f"{sdist.name} does not unpack into one top-level directory, as an sdist must."
@@ -172,12 +221,21 @@ def unpack_sdist(sdist: Path, dest: Path, sink: FileSink | None = None) -> tuple
                     os.close(fd)
                 if sink is not None:
                     sink("/".join(parts[1:]), mode, data)
+                if pin is not None and parts[1:] == ["PKG-INFO"]:
+                    pkg_info = email.parser.BytesHeaderParser().parsebytes(data)
+                    _check_member_version(sdist, "PKG-INFO", str(pkg_info.get("Version", "")), pin)
+                    seen_pkg_info = True
     except (tarfile.TarError, EOFError, zlib.error, OSError) as exc:
         raise UnsafeSource(
             f"{sdist.name} is truncated or corrupt ({exc}). Delete it and run again to download it afresh."
         ) from None
     if top is None:
         raise UnsafeSource(f"{sdist.name} is empty: an sdist unpacks into one top-level directory.")
+    if pin is not None and not seen_pkg_info:
+        raise UnsafeSource(
+            f"{sdist.name} has no {top}/PKG-INFO, which every sdist has; nothing from it was used or "
+            f"recorded. Fetch vllm {pin}'s sdist again from a trusted index."
+        )
     return dest / top, epoch
 
 

@@ -16,10 +16,13 @@ abandoned move) is an error, never silently preferred to carrying the newest ser
 
 from __future__ import annotations
 
+import contextlib
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, cast
+
+from packaging.version import InvalidVersion, Version
 
 from . import log
 from .errors import BadPin, SeriesError
@@ -143,6 +146,29 @@ def series_pins(project: Project) -> list[Pin]:
         except BadPin:  # an editor's backup or a note: not a series, and no reason to fail
             log.warn(f"series/{path.name} is not named after a vLLM release; ignored")
     return sorted(pins)
+
+
+def project_spelling(project: Project, pin: Pin) -> Pin:
+    """``pin`` as the project already spells it (``pins.toml``, ``series/``, ``pins.lock``,
+    the release ledger): ``--pin 1.0.0`` or ``--pin 1`` is vllm 1.0 when the project knows
+    1.0, and says so. PEP 440 holds them equal; one release must not get a second lock
+    entry, ledger or wheel name. A pin the project does not know yet keeps its spelling, and
+    the sdist's file name settles it (``source.check_sdist_name``)."""
+    from .files import read_toml
+    from .pins import PinsLock
+
+    known = [s.pin for s in listed_pins(project)] + series_pins(project)
+    known += [Pin(Version(name)) for name in PinsLock(project.pins_lock).pinned()]
+    releases = read_toml(project.releases_file).get("release", [])
+    for entry in releases if isinstance(releases, list) else []:
+        if isinstance(entry, dict) and isinstance(entry.get("pin"), str):
+            with contextlib.suppress(InvalidVersion):
+                known.append(Pin(Version(entry["pin"])))
+    for other in known:
+        if other == pin and str(other) != str(pin):
+            log.info(f"--pin {pin} is vllm {other}, as {project.root.name} spells it; building {other}")
+            return other
+    return pin
 
 
 def read_series_for(project: Project, pin: Pin | None = None) -> Series:

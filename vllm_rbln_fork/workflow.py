@@ -23,6 +23,7 @@ from .source import SourceSpec
 from .supported import (
     carry_note,
     listed_pins,
+    project_spelling,
     read_series_for,
     series_pins,
     supported_pins,
@@ -74,6 +75,7 @@ def checkout(pin: Pin, spec: SourceSpec, project: Project, dest: Path) -> Path:
             f"{dest} already exists. Export it first ('python build.py export --dir {dest}') "
             f"or delete it, then check out again."
         )
+    pin = project_spelling(project, pin)
     series = read_series_for(project, pin)
     if supported_pins(project) and (note := carry_note(series, pin)):
         log.warn(note)

@@ -112,30 +112,63 @@ def test_patch_edited_so_it_no_longer_applies_on_its_own_pin(fork) -> None:
     assert _dist(fork) == []
 
 
-def test_truncated_sdist(fork, tmp_path, monkeypatch) -> None:
-    monkeypatch.setenv("VLLM_RBLN_FORK_CACHE", str(tmp_path / "fresh-cache"))
-    good = (fork.index.root / "simple/vllm/vllm-1.0.tar.gz").read_bytes()
-    bad = tmp_path / "vllm-1.0.tar.gz"
+def test_truncated_sdist_records_nothing_and_the_right_one_builds_after(fork, tmp_path) -> None:
+    lock = fork.project.pins_lock.read_text()
+    good = (fork.index.root / "simple/vllm/vllm-1.1.tar.gz").read_bytes()
+    bad = tmp_path / "vllm-1.1.tar.gz"
     bad.write_bytes(good[: len(good) // 2])
-    fork.project.pins_lock.unlink(missing_ok=True)
     with pytest.raises(UnsafeSource, match="truncated or corrupt"):
-        build(Pin.parse("1.0"), SourceSpec.parse(str(bad), None), fork.project)
+        build(Pin.parse("1.1"), SourceSpec.parse(str(bad), None), fork.project)
     assert _dist(fork) == []
+    assert fork.project.pins_lock.read_text() == lock  # its hash was not recorded
+    assert build(Pin.parse("1.1"), fork.spec(), fork.project).wheel.is_file()
 
 
-@pytest.mark.parametrize("member", ["vllm-1.0/../escape.py", "/abs/path.py"])
-def test_sdist_with_paths_out_of_its_tree(fork, tmp_path, monkeypatch, member) -> None:
-    monkeypatch.setenv("VLLM_RBLN_FORK_CACHE", str(tmp_path / "fresh-cache"))
-    fork.project.pins_lock.unlink(missing_ok=True)
-    evil = tmp_path / "vllm-1.0.tar.gz"
+@pytest.mark.parametrize("member", ["vllm-1.1/../escape.py", "/abs/path.py"])
+def test_sdist_with_paths_out_of_its_tree(fork, tmp_path, member) -> None:
+    lock = fork.project.pins_lock.read_text()
+    evil = tmp_path / "vllm-1.1.tar.gz"
     with tarfile.open(evil, "w:gz") as tar:
-        for name in ("vllm-1.0/setup.py", member):
+        for name in ("vllm-1.1/setup.py", member):
             info = tarfile.TarInfo(name)
             info.size = 1
             tar.addfile(info, io.BytesIO(b"x"))
     with pytest.raises(UnsafeSource, match="unsafe member"):
-        build(Pin.parse("1.0"), SourceSpec.parse(str(evil), None), fork.project)
+        build(Pin.parse("1.1"), SourceSpec.parse(str(evil), None), fork.project)
     assert not (tmp_path / "escape.py").exists()
+    assert fork.project.pins_lock.read_text() == lock
+
+
+def _retar(sdist: Path, dest: Path, top: str) -> Path:
+    """``sdist``'s files under another top folder, written to ``dest``."""
+    with tarfile.open(sdist) as src, tarfile.open(dest, "w:gz") as out:
+        for member in src:
+            data = src.extractfile(member).read() if member.isreg() else b""
+            rest = member.name.partition("/")[2]
+            member.name, member.size = f"{top}/{rest}", len(data)
+            out.addfile(member, io.BytesIO(data))
+    return dest
+
+
+@pytest.mark.parametrize(
+    ("top", "says"),
+    [
+        (None, r"vllm-1\.0\.tar\.gz is not vLLM 1\.1's sdist"),  # the 1.0 file as it is
+        ("vllm-1.0", r"top folder 'vllm-1\.0' says version '1\.0', not 1\.1"),  # renamed
+        ("vllm-1.1", r"PKG-INFO says version '1\.0', not 1\.1"),  # renamed, its top folder too
+    ],
+)
+def test_a_source_sdist_of_another_version_is_refused(fork, tmp_path, top, says) -> None:
+    lock = fork.project.pins_lock.read_text()
+    one_oh = fork.index.root / "simple/vllm/vllm-1.0.tar.gz"
+    if top is None:
+        source = one_oh
+    else:
+        (tmp_path / "renamed").mkdir()
+        source = _retar(one_oh, tmp_path / "renamed" / "vllm-1.1.tar.gz", top)
+    with pytest.raises(UnsafeSource, match=says):
+        build(Pin.parse("1.1"), SourceSpec.parse(str(source), None), fork.project)
+    assert _dist(fork) == [] and fork.project.pins_lock.read_text() == lock
 
 
 def test_interrupted_download_is_recovered_by_the_next_run(fork) -> None:

@@ -418,3 +418,30 @@ def test_export_removes_a_pin_s_own_form_that_the_shared_patch_makes_redundant_a
     assert not own.exists() and _entries(fork, "1.1")[-1] == PADDING_PATCH
     after = build(Pin.parse("1.1"), fork.spec(), fork.project).manifest
     assert after.patched_tree == before.patched_tree
+
+
+def test_an_equal_spelling_of_a_known_pin_builds_that_pin(fork, recorder) -> None:
+    """--pin 1.0.0 and --pin 1 are vllm 1.0 (PEP 440): one lock entry, one ledger, one name."""
+    import tomllib
+
+    from vllm_rbln_fork.pipeline import build
+
+    first = build(Pin.parse("1.0"), fork.spec(), fork.project)
+    for spelling in ("1.0.0", "1"):
+        again = build(Pin.parse(spelling), fork.spec(), fork.project)
+        assert again.cached and again.wheel == first.wheel and again.manifest.pin == "1.0"
+    assert list(tomllib.loads(fork.project.pins_lock.read_text())["vllm"]) == ["1.0"]
+    releases = tomllib.loads(fork.project.releases_file.read_text())["release"]
+    assert {r["pin"] for r in releases} == {"1.0"}
+    assert any("--pin 1.0.0 is vllm 1.0" in m for m in recorder.messages("info"))
+
+
+def test_a_new_pin_spelled_otherwise_than_its_sdist_is_refused(fork) -> None:
+    from vllm_rbln_fork.errors import BadPin
+    from vllm_rbln_fork.pipeline import build
+
+    lock = fork.project.pins_lock.read_text()
+    with pytest.raises(BadPin, match=r"--pin 1\.1\.0: vLLM spells this release 1\.1 .*Give --pin 1\.1"):
+        build(Pin.parse("1.1.0"), fork.spec(), fork.project)
+    assert fork.project.pins_lock.read_text() == lock
+    assert not fork.project.dist_dir.exists() or not list(fork.project.dist_dir.iterdir())

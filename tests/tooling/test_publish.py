@@ -178,6 +178,18 @@ def test_a_pure_and_a_binary_wheel_of_one_version_are_refused_in_one_index(
     assert kit.snapshot(index) == before
 
 
+def test_a_second_spelling_of_a_published_version_is_refused(
+    wheel: Path, index: Path, tmp_path: Path
+) -> None:
+    """0.31+rbln.1 is 0.31.0+rbln.1 to PEP 440: pip could take either file for it."""
+    publish(wheel, str(index))
+    before = kit.snapshot(index)
+    other = kit.make_wheel(tmp_path / "other", "0.31+rbln.1")
+    with pytest.raises(IndexConflict, match=r"already has vllm-0\.31\.0\+rbln\.1-.*PEP 440 holds equal"):
+        publish(other, str(index))
+    assert kit.snapshot(index) == before
+
+
 def test_yank_marks_html_and_json_and_keeps_the_file(wheel: Path, index: Path) -> None:
     publish(wheel, str(index))
     reason = 'admission bug, use "rbln.2" & later <see #12>'

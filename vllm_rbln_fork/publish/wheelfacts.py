@@ -89,6 +89,13 @@ def check_kinds(facts: WheelFacts, published: list[str], where: str) -> None:
             name, version, _, _ = parse_wheel_filename(other)
         except InvalidWheelFilename:
             continue
+        if name == facts.name and version == facts.version and str(version) != str(facts.version):
+            raise IndexConflict(
+                f"{where} already has {other}, of {facts.name} {version}, which PEP 440 holds equal "
+                f"to {facts.version} ({facts.filename}): 'pip install {facts.name}=={facts.version}' "
+                f"could get either. One version has one spelling; build with the sdist's own "
+                f"spelling of the pin (--pin {version.public}). Nothing was published."
+            )
         if name == facts.name and version == facts.version and is_pure(other) != (kind == "pure"):
             other_kind = "pure" if kind == "binary" else "binary"
             raise IndexConflict(
