@@ -129,18 +129,31 @@ def pip_settings(pip_config: str) -> dict[str, str]:
     return {name: value for name, (_, value) in found.items()}
 
 
-def uv_options(settings: dict[str, str]) -> list[str]:
-    """uv's options for the indexes pip is configured with: uv does not read pip's
-    configuration, and is told to read none of its own (``--no-config``), so pip's settings
-    are the only ones, as for pip. uv's default ``first-index`` strategy takes a package only
-    from the first index that has it; pip takes the best match from all of them, and so is
-    uv told to (the locks' hashes pin every file)."""
+# pip's index settings, and the variables that give them to uv: in its environment, not on
+# its command line, where any user's ``ps`` would show a token in an index URL.
+UV_INDEX_VARIABLES = {
+    "index-url": "UV_INDEX_URL",
+    "extra-index-url": "UV_EXTRA_INDEX_URL",
+    "find-links": "UV_FIND_LINKS",
+}
+UV_SEPARATOR = {"UV_INDEX_URL": " ", "UV_EXTRA_INDEX_URL": " ", "UV_FIND_LINKS": ","}
+
+
+def uv_options(settings: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+    """uv's options and environment for the indexes pip is configured with: uv does not read
+    pip's configuration, and is told to read none of its own (``--no-config``), so pip's
+    settings are the only ones, as for pip. uv's default ``first-index`` strategy takes a
+    package only from the first index that has it; pip takes the best match from all of
+    them, and so is uv told to (the locks' hashes pin every file). The URLs go in the
+    environment (``UV_INDEX_URL``, ...), which only the user and root can read."""
     options = ["--no-config", "--index-strategy", "unsafe-best-match"]
     no_index = settings.get("no-index", "").lower() in ("1", "true", "yes", "on")
-    for name in ("find-links",) if no_index else ("index-url", "extra-index-url", "find-links"):
-        for value in settings.get(name, "").split():  # any whitespace: spaces or new lines
-            options += [f"--{name}", value]
-    return [*options, "--no-index"] if no_index else options
+    env: dict[str, str] = {}
+    for name in ("find-links",) if no_index else tuple(UV_INDEX_VARIABLES):
+        if values := settings.get(name, "").split():  # any whitespace: spaces or new lines
+            variable = UV_INDEX_VARIABLES[name]
+            env[variable] = UV_SEPARATOR[variable].join(values)
+    return ([*options, "--no-index"] if no_index else options), env
 
 
 def install(python: Path, lock: Path) -> None:
@@ -163,11 +176,12 @@ def install(python: Path, lock: Path) -> None:
     if uv.exists():
         config = subprocess.run([*pip, "config", "list"], capture_output=True, text=True, check=False)
         settings = pip_settings(config.stdout)
-        env = dict(os.environ)
+        options, index_env = uv_options(settings)
+        env = {k: v for k, v in os.environ.items() if k not in UV_INDEX_VARIABLES.values()} | index_env
         if settings.get("cert") and "SSL_CERT_FILE" not in env:
             env["SSL_CERT_FILE"] = settings["cert"]  # pip's CA bundle serves uv too
         command = [str(uv), "pip", "install", "--quiet", "--python", str(python), "--require-hashes"]
-        done = subprocess.run([*command, *uv_options(settings), "-r", str(lock)], env=env, check=False)
+        done = subprocess.run([*command, *options, "-r", str(lock)], env=env, check=False)
     else:
         done = subprocess.run([*pip, "install", "--quiet", "--require-hashes", "-r", str(lock)], check=False)
     if done.returncode != 0:

@@ -17,6 +17,7 @@ from .errors import ForkError
 from .pins import Pin
 from .project import Project
 from .source import SourceSpec
+from .urls import redact
 
 console = Console(stderr=True, highlight=False, soft_wrap=True)
 Part = str | tuple[str, str]
@@ -325,10 +326,10 @@ def _build(args: argparse.Namespace) -> int:
             result.wheel, args.publish, index_url=args.check_index, new_project=args.new_project
         )
         state = "already there, same bytes" if published.already_published else "published"
-        say((state, "bold green"), f" {published.file_url}")
-        say(f"    index     {published.index_url}")
+        say((state, "bold green"), f" {redact(published.file_url)}")
+        say(f"    index     {redact(published.index_url)}")
         say(
-            f"    install   pip install --index-url {published.index_url} "
+            f"    install   pip install --index-url {redact(published.index_url)} "
             f'"vllm=={m.wheel_version}"  (sha256 {published.sha256})'
         )
     print(result.wheel)

@@ -5,9 +5,15 @@ The CLI prints these without a traceback; anything else is a bug and keeps one.
 
 from __future__ import annotations
 
+from .urls import redact
+
 
 class ForkError(Exception):
-    """A build, review or publish cannot proceed; ``str()`` is the sentence to show."""
+    """A build, review or publish cannot proceed; ``str()`` is the sentence to show, with
+    the password of any URL in it hidden (:func:`urls.redact`)."""
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*(redact(a) if isinstance(a, str) else a for a in args))
 
 
 class BadPin(ForkError):

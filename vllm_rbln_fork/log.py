@@ -1,7 +1,8 @@
 """Progress events, decoupled from how they are shown.
 
 Library code calls ``step``/``info``/``warn``/``progress``; the CLI installs a
-reporter that renders them with rich, tests install one that records them.
+reporter that renders them with rich, tests install one that records them. Every text
+passes :func:`urls.redact` first: a password in a URL is never shown.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
+
+from .urls import redact
 
 Level = Literal["info", "warn"]
 
@@ -60,6 +63,7 @@ def get_reporter() -> Reporter:
 @contextmanager
 def phase(name: str) -> Iterator[None]:
     """A named, timed stage of the work."""
+    name = redact(name)
     reporter = get_reporter()
     reporter.phase_start(name)
     start = time.perf_counter()
@@ -70,12 +74,12 @@ def phase(name: str) -> Iterator[None]:
 
 
 def info(text: str) -> None:
-    get_reporter().message("info", text)
+    get_reporter().message("info", redact(text))
 
 
 def warn(text: str) -> None:
-    get_reporter().message("warn", text)
+    get_reporter().message("warn", redact(text))
 
 
 def progress(task: str, done: int, total: int | None) -> None:
-    get_reporter().progress(task, done, total)
+    get_reporter().progress(redact(task), done, total)

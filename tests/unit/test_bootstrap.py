@@ -64,13 +64,23 @@ def test_uv_gets_the_indexes_pip_is_configured_with_the_environment_first() -> N
     )
     settings = bootstrap.pip_settings(config)
     assert settings["cert"] == "/etc/ssl/certs/ca.crt"
-    assert bootstrap.uv_options(settings) == [
-        *("--no-config", "--index-strategy", "unsafe-best-match"),
-        *("--index-url", "https://install.example.invalid/simple"),
-        *("--extra-index-url", "file:///a/simple", "--extra-index-url", "file:///b/simple"),
-        *("--find-links", "/opt/wheels"),
-    ]
-    assert bootstrap.uv_options({}) == ["--no-config", "--index-strategy", "unsafe-best-match"]
+    assert bootstrap.uv_options(settings) == (
+        ["--no-config", "--index-strategy", "unsafe-best-match"],
+        {
+            "UV_INDEX_URL": "https://install.example.invalid/simple",
+            "UV_EXTRA_INDEX_URL": "file:///a/simple file:///b/simple",
+            "UV_FIND_LINKS": "/opt/wheels",
+        },
+    )
+    assert bootstrap.uv_options({}) == (["--no-config", "--index-strategy", "unsafe-best-match"], {})
+
+
+def test_index_urls_reach_uv_by_its_environment_never_its_command_line() -> None:
+    """``ps`` shows every user a command line: a token in pip's index URL must not be on it."""
+    settings = {"index-url": "https://user:s3cret@i.example.invalid/simple", "find-links": "https://t0k@w/"}
+    options, env = _bootstrap_module().uv_options(settings)
+    assert not [o for o in options if "s3cret" in o or "t0k" in o]
+    assert env == {"UV_INDEX_URL": settings["index-url"], "UV_FIND_LINKS": settings["find-links"]}
 
 
 def test_uv_gets_every_index_of_a_pip_conf_written_over_several_lines(tmp_path: Path) -> None:
@@ -85,16 +95,16 @@ def test_uv_gets_every_index_of_a_pip_conf_written_over_several_lines(tmp_path: 
         [sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True, env=env, check=True
     ).stdout
     assert "\\n" in listed  # the form that once reached uv as a single bogus URL
-    options = bootstrap.uv_options(bootstrap.pip_settings(listed))
-    extra = [options[i + 1] for i, option in enumerate(options) if option == "--extra-index-url"]
-    assert extra[-2:] == ["file:///opt/a/simple", "file:///opt/b/simple"]
+    _options, env = bootstrap.uv_options(bootstrap.pip_settings(listed))
+    assert env["UV_EXTRA_INDEX_URL"].split()[-2:] == ["file:///opt/a/simple", "file:///opt/b/simple"]
 
 
 def test_pips_no_index_leaves_uv_only_the_local_wheels() -> None:
     settings = {"no-index": "true", "index-url": "https://i.example.invalid/simple", "find-links": "/w"}
-    assert _bootstrap_module().uv_options(settings) == [
-        *("--no-config", "--index-strategy", "unsafe-best-match", "--find-links", "/w", "--no-index")
-    ]
+    assert _bootstrap_module().uv_options(settings) == (
+        ["--no-config", "--index-strategy", "unsafe-best-match", "--no-index"],
+        {"UV_FIND_LINKS": "/w"},
+    )
 
 
 def test_a_bootstrap_that_waits_for_another_one_says_so(tmp_path: Path) -> None:

@@ -10,8 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import ForkError
+from ..urls import redact
 from . import folder, upload
-from .result import PublishResult, is_url, redact
+from .result import PublishResult, is_url
 from .wheelfacts import read_wheel
 
 __all__ = ["PublishResult", "publish", "yank"]

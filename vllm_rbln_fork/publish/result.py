@@ -26,13 +26,3 @@ class PublishResult:
 
 def is_url(dest: str) -> bool:
     return urlsplit(dest).scheme in ("http", "https")
-
-
-def redact(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.username is None and parts.password is None:
-        return url
-    host = parts.hostname or ""
-    if parts.port:
-        host += f":{parts.port}"
-    return parts._replace(netloc=f"***@{host}").geturl()

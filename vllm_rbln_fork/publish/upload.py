@@ -13,7 +13,8 @@ from pypi_simple import NoSuchProjectError, PyPISimple
 
 from .. import log, proc
 from ..errors import FailedProcess, ForkError, IndexConflict, IndexUnreachable
-from .result import PublishResult, redact
+from ..urls import redact
+from .result import PublishResult
 from .wheelfacts import WheelFacts, check_kinds
 
 
