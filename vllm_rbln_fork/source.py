@@ -110,12 +110,12 @@ def check_sdist_name(filename: str, pin: Pin, where: str) -> None:
     """Refuse an sdist whose file name is not vLLM ``pin``'s, spelled as ``--pin`` is: a
     version PEP 440 holds equal but spelled otherwise (``1.0.0`` for ``1.0``) would get a
     ledger, a lock entry and a wheel name of its own."""
-    from packaging.utils import InvalidSdistFilename, parse_sdist_filename
+    from packaging.utils import InvalidSdistFilename, canonicalize_name, parse_sdist_filename
 
     try:
         name, version = parse_sdist_filename(filename)
     except InvalidSdistFilename:
-        name, version = "", None
+        name, version = canonicalize_name(""), None
     if name != "vllm" or version is None or version != pin.version:
         raise UnsafeSource(
             f"{where}: {filename} is not vLLM {pin}'s sdist (vllm-{pin}.tar.gz); nothing was built "
