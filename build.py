@@ -31,8 +31,11 @@ MARKER = "VLLM_RBLN_FORK_BOOTSTRAPPED"
 
 
 def lock_for(argv: list[str]) -> Path:
-    """The lock a command line needs: ``build.py test ...`` the test lock, and so on."""
+    """The lock a command line needs: ``build.py test ...`` the test lock, and so on. Asking
+    for help (``build.py lint --help``) needs only the build lock: argparse prints it."""
     command = argv[0] if argv and not argv[0].startswith("-") else ""
+    if {"-h", "--help"} & set(argv[1:] if command else argv):
+        return REQUIREMENTS / LOCKS[0]
     return REQUIREMENTS / LOCK_OF_COMMAND.get(command, LOCKS[0])
 
 
@@ -107,28 +110,6 @@ def _uv_and_pip_from(pip_wheel: Path, python: Path) -> bool:
     return subprocess.run([*uv, str(pip_wheel)], **quiet).returncode == 0  # type: ignore[call-overload]
 
 
-def pip_settings(pip_config: str) -> dict[str, str]:
-    """pip's settings from ``pip config list``'s output, which has the environment's
-    ``PIP_*`` variables (as ``:env:.``) beside the files' ``global.`` and ``install.``
-    settings; the environment wins, then ``install``, then ``global``, as for pip. pip
-    prints each value as a Python literal (``%r``), so a value written over several lines
-    in pip.conf comes as one line with ``\\n`` in it."""
-    import ast
-
-    rank = {":env:": 0, "install": 1, "global": 2}
-    found: dict[str, tuple[int, str]] = {}
-    for line in pip_config.splitlines():
-        key, sep, text = line.partition("=")
-        scope, _, name = key.rpartition(".")
-        if sep and scope in rank and (name not in found or rank[scope] < found[name][0]):
-            try:
-                value = str(ast.literal_eval(text.strip()))
-            except (ValueError, SyntaxError):
-                value = text.strip()
-            found[name] = (rank[scope], value)
-    return {name: value for name, (_, value) in found.items()}
-
-
 # pip's index settings, and the variables that give them to uv: in its environment, not on
 # its command line, where any user's ``ps`` would show a token in an index URL.
 UV_INDEX_VARIABLES = {
@@ -174,6 +155,8 @@ def install(python: Path, lock: Path) -> None:
                 "build.py: uv could not be installed; installing with pip instead (slower)", file=sys.stderr
             )
     if uv.exists():
+        from vllm_rbln_fork.pipconfig import pip_settings  # standard library only; ROOT is on sys.path
+
         config = subprocess.run([*pip, "config", "list"], capture_output=True, text=True, check=False)
         settings = pip_settings(config.stdout)
         options, index_env = uv_options(settings)

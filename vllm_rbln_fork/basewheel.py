@@ -17,7 +17,6 @@ import hashlib
 import os
 import re
 import shutil
-import tomllib
 import urllib.parse
 import zipfile
 from collections.abc import Callable, Iterable
@@ -34,7 +33,7 @@ from packaging.utils import (
 from packaging.version import Version
 
 from .errors import BaseWheelError, IndexUnreachable, SourceHashMismatch
-from .files import sha256_of, sha256_remembered
+from .files import read_toml, sha256_of, sha256_remembered
 from .gitrepo import Repo
 from .manifest import BuildManifest, module_source
 from .paths import downloads_dir, hash_memo_dir
@@ -105,20 +104,34 @@ class Policy:
 
     @classmethod
     def load(cls, pin: Pin, path: Path) -> Policy:
-        try:
-            raw = path.read_bytes()
-            data = tomllib.loads(raw.decode())
-        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-            raise BaseWheelError(f"cannot read {path}: {exc}. Restore it from git.") from None
+        data = read_toml(path, missing_ok=False, error=BaseWheelError)
+        raw = path.read_bytes()
+        differences = _tables(path, data, "python-difference", ("path", "reason"))
         allowed: dict[str, str] = {}
-        for entry in data.get("python-difference", []):
+        for entry in differences:
             pins = entry.get("pins")
-            if pins is None or str(pin) in pins:
+            if pins is None or (isinstance(pins, list) and str(pin) in pins):
                 allowed[str(entry["path"])] = str(entry["reason"])
         moved: dict[str, str] = {
-            canonicalize_name(str(e["name"])): str(e["extra"]) for e in data.get("moved-requirement", [])
+            canonicalize_name(str(e["name"])): str(e["extra"])
+            for e in _tables(path, data, "moved-requirement", ("name", "extra"))
         }
         return cls(path, hashlib.sha256(raw).hexdigest(), allowed, moved)
+
+
+def _tables(path: Path, data: dict[str, object], name: str, keys: tuple[str, ...]) -> list[dict[str, object]]:
+    """``[[name]]`` of ``data``, each a table with text ``keys``; else a BaseWheelError."""
+    entries = data.get(name, [])
+    ok = isinstance(entries, list) and all(
+        isinstance(e, dict) and all(isinstance(e.get(k), str) for k in keys) for e in entries
+    )
+    if not ok:
+        needs = " and ".join(f'{k} = "..."' for k in keys)
+        raise BaseWheelError(
+            f"{path}: each [[{name}]] needs {needs}. Fix it, or restore the file from git "
+            f"(git checkout -- {path.name})."
+        )
+    return entries  # type: ignore[return-value]
 
 
 # ---------------------------------------------------------------------------------------
@@ -208,10 +221,11 @@ def _from_index(req: Requirement, index_url: str, lock: PinsLock) -> BaseWheel:
     from packaging.tags import sys_tags
     from pypi_simple import NoSuchProjectError, PyPISimple
 
-    from .index_client import download_file
+    from .index_client import check_index_scheme, download_file
 
     (spec,) = req.specifier
     wanted = Version(spec.version)
+    check_index_scheme(index_url)
     try:
         with PyPISimple(endpoint=index_url) as client:
             page = client.get_project_page(req.name, timeout=60)

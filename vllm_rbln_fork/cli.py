@@ -267,6 +267,9 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
 def main(argv: list[str]) -> int:
     log.set_reporter(RichReporter())
     command = argv[0] if argv and not argv[0].startswith("-") else None
+    if not argv:  # the build's usage, and the other commands (its epilog)
+        _build_parser().print_help(sys.stderr)
+        return 2
     try:
         if command is None:
             return _build(_build_parser().parse_args(argv))

@@ -224,7 +224,11 @@ def read_toml(
     except FileNotFoundError:
         if missing_ok:
             return {}
-        raise error(f"{path} does not exist.") from None
+        raise error(f"{path} does not exist. Restore it from git (git checkout -- {path.name}).") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise error(
+            f"cannot read {path} ({exc}). Restore it from git (git checkout -- {path.name})."
+        ) from None
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

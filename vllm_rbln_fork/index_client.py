@@ -5,8 +5,6 @@ from __future__ import annotations
 import bisect
 import hashlib
 import os
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,17 +28,14 @@ PROJECT = "vllm"
 
 
 def configured_index_url() -> str:
-    """The index pip is configured with (``PIP_INDEX_URL`` or pip's config), else the default."""
+    """The index pip is configured with (``PIP_INDEX_URL``, then pip's ``install`` and
+    ``global`` settings, as pip and build.py's bootstrap read them), else the default."""
     if url := os.environ.get("PIP_INDEX_URL"):
         return url
-    result = subprocess.run(
-        [sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True, check=False
-    )
-    for line in result.stdout.splitlines():
-        key, _, value = line.partition("=")
-        if key in ("global.index-url", "install.index-url", "download.index-url"):
-            return value.strip().strip("'\"")
-    return PYPI_SIMPLE_ENDPOINT
+    from .pipconfig import configured_pip_settings
+
+    url = configured_pip_settings().get("index-url", "").strip()
+    return url or PYPI_SIMPLE_ENDPOINT
 
 
 @dataclass(frozen=True)
@@ -57,7 +52,20 @@ class RemoteSdist:
         return LockedSdist(self.filename, self.sha256)
 
 
+def check_index_scheme(index_url: str, flag: str = "--index-url") -> None:
+    """Refuse, before any network error could be blamed, an index that is not read over
+    http(s): pypi-simple (requests) reads no ``file://`` page."""
+    scheme = index_url.partition("://")[0].lower() if "://" in index_url else ""
+    if scheme not in ("http", "https"):
+        raise IndexUnreachable(
+            f"{flag} {index_url}: the tool reads a package index over http(s) only. Serve a "
+            f"folder index with 'python -m http.server --directory DIR' and give its "
+            f"http://127.0.0.1:PORT/simple/ URL, or build from a local sdist with --source PATH."
+        )
+
+
 def _sdist_versions(index_url: str) -> dict[Version, RemoteSdist]:
+    check_index_scheme(index_url)
     try:
         with PyPISimple(endpoint=index_url) as client:
             page = client.get_project_page(PROJECT, timeout=60)

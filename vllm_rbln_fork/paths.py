@@ -11,9 +11,11 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
 def cache_root() -> Path:
-    """``$VLLM_RBLN_FORK_CACHE``, else the user cache dir (``$XDG_CACHE_HOME/vllm-rbln-fork``).
+    """``$VLLM_RBLN_FORK_CACHE``, else the user cache dir (``$XDG_CACHE_HOME/vllm-rbln-fork``):
+    the build caches (downloads, upstream.git, wheels, hashes, locks, tmp, venvs).
 
-    build.py computes the same path with the standard library alone.
+    The tool environments are not here: build.py keeps them under the user cache dir
+    (``tool-envs/``) whatever ``$VLLM_RBLN_FORK_CACHE`` says (build.py's ``tool_env_dir``).
     """
     if override := os.environ.get("VLLM_RBLN_FORK_CACHE"):
         return Path(override)

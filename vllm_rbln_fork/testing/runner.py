@@ -290,10 +290,15 @@ def run_tests(argv: list[str]) -> int:
     )
     parser.add_argument("pytest_args", nargs="*", help="passed to every pytest run (after --)")
     args = parser.parse_args(argv)
+    # pytest's JUnit reports, read for the counts and then of no use: removed however the run ends.
+    with tempfile.TemporaryDirectory(prefix="test-reports-") as reports:
+        return _run(args, Path(reports))
+
+
+def _run(args: argparse.Namespace, reports: Path) -> int:
     run_start = time.perf_counter()
     tiers = args.tier or list(TIERS)
     check_tier_paths(tiers)
-    reports = Path(tempfile.mkdtemp(prefix="test-reports-"))
     base_env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
     project = Project.default()
     runs: list[TierRun] = []
