@@ -66,14 +66,15 @@ def reference_build(project: Project) -> ReferenceBuild:
     from ..wheel import build_wheel
 
     pin = REFERENCE_PIN
-    sdist, sha256 = fetch_sdist(pin, SourceSpec.parse(None, None), PinsLock(project.pins_lock))
+    lock = PinsLock(project.pins_lock)
+    sdist, sha256 = fetch_sdist(pin, SourceSpec.parse(None, None), lock)
     key = _key(sha256, tool_fingerprint(), platform.python_version(), sha256_of(BUILD_LOCK))
     directory = cache_root() / "parity" / f"vllm-{pin}-{key}"
 
     def make(directory: Path) -> None:
         with log.phase(f"build the unpatched empty-device wheel of vllm {pin} (parity tier)"):
             directory.mkdir(parents=True)
-            tree, epoch = unpack_sdist(sdist, directory / "src")
+            tree, epoch = unpack_sdist(sdist, directory / "src", pin=pin)
             manifest = BuildManifest(
                 pin=str(pin),
                 wheel_version=str(pin),
@@ -95,6 +96,7 @@ def reference_build(project: Project) -> ReferenceBuild:
             build_wheel(tree, str(pin), epoch, manifest, wheels)
 
     made_once(directory, make)
+    lock.commit()  # the sdist unpacked cleanly (now or when the folder was made): its hash may be recorded
     (tree,) = [p for p in (directory / "src").iterdir() if p.is_dir()]
     (wheel,) = sorted((directory / "wheel").glob("*.whl"))
     return ReferenceBuild(tree, wheel)
