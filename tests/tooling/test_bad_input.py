@@ -361,3 +361,15 @@ def test_a_file_index_is_refused_by_name_not_as_a_network_failure(fork, tmp_path
     ) as err:
         build(Pin.parse("1.1"), SourceSpec("index", url), fork.project)
     assert "network" not in str(err.value) and url in str(err.value)
+
+
+def test_an_sdist_without_pkg_info_is_refused(fork, tmp_path) -> None:
+    bare = tmp_path / "vllm-1.1.tar.gz"
+    with tarfile.open(bare, "w:gz") as tar:
+        info = tarfile.TarInfo("vllm-1.1/setup.py")
+        info.size = 1
+        tar.addfile(info, io.BytesIO(b"x"))
+    lock = fork.project.pins_lock.read_text()
+    with pytest.raises(UnsafeSource, match=r"has no vllm-1\.1/PKG-INFO, which every sdist has"):
+        build(Pin.parse("1.1"), SourceSpec.parse(str(bare), None), fork.project)
+    assert fork.project.pins_lock.read_text() == lock and _dist(fork) == []
