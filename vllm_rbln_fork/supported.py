@@ -162,7 +162,7 @@ def project_spelling(project: Project, pin: Pin) -> Pin:
                 known.append(Pin(Version(entry["pin"])))
     for other in known:
         if other == pin and str(other) != str(pin):
-            log.info(f"--pin {pin} is vllm {other}, as {project.root.name} spells it; building {other}")
+            log.info(f"--pin {pin} is vllm {other} (PEP 440), as the project spells it; building {other}")
             return other
     return pin
 
