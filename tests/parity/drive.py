@@ -183,9 +183,14 @@ def run(side: str, w: Workload) -> dict[str, Any]:
         else:
             driver.step()
     manager = scheduler.kv_cache_manager
-    held = sum(
-        len(blocks) for m in manager.coordinator.single_type_managers for blocks in m.req_to_blocks.values()
-    )
+    # Distinct blocks the requests still hold (a prefix hit shares a block between requests).
+    held = {
+        block.block_id
+        for m in manager.coordinator.single_type_managers
+        for blocks in m.req_to_blocks.values()
+        for block in blocks
+        if not block.is_null
+    }
     return {
         "workload": w.name,
         "side": side,
@@ -207,8 +212,8 @@ def run(side: str, w: Workload) -> dict[str, Any]:
         "finished": sorted(driver.finished),
         "unfinished": sorted(scheduler.requests),
         "reported_preemptions": driver.reported_preemptions,
-        "blocks_leaked": h.num_usable_blocks(scheduler) - manager.block_pool.get_num_free_blocks(),
-        "blocks_held_by_requests": held,
+        "blocks_not_free": h.num_usable_blocks(scheduler) - manager.block_pool.get_num_free_blocks(),
+        "blocks_held_by_requests": len(held),
         "cpu_seconds": time.process_time() - start,
     }
 

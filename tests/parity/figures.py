@@ -102,7 +102,8 @@ def figures_of(trace: Mapping[str, Any], workload: Workload) -> Figures:
         ttft=ttft,
         steps_per_token=len(steps) / output_tokens if output_tokens else None,
         hit_tokens=sum(hits) / len(hits) if hits else None,
-        leaked=trace["blocks_leaked"],
+        # Not free, and held by no request (an unfinished one still holds its own): lost.
+        leaked=trace["blocks_not_free"] - trace["blocks_held_by_requests"],
         copies=sum(s["copies"] for s in steps),
     )
 
@@ -288,7 +289,8 @@ def render(
         f"parity: ours (RBLNScheduler at vllm {pin}) against vllm-rbln 0.12.0 (vllm {vllm_rbln_version})",
         "P/D/E/M: prefill / decode / empty / mixed steps; preempt (seen): preemptions (counted by "
         "the front end); TTFT in steps (the watched request's, else the mean); hit/adm: prefix "
-        "and connector hit tokens per admission; leaked: blocks held at the end.",
+        "and connector hit tokens per admission; leaked: blocks neither free nor held by a request "
+        "at the end.",
         "",
     ]
     widths = [6, 8, 5, 11, 14, 6, 9, 7, 6]

@@ -28,7 +28,7 @@ class Figure(StrEnum):
     TTFT = "ttft"  # steps from arrival to first token: the watched request's, else the mean
     STEPS_PER_TOKEN = "steps per output token"
     HIT_TOKENS = "hit tokens per admission"  # prefix-cache and connector hits (higher is better)
-    LEAKED = "blocks leaked"  # blocks still held when every request is done
+    LEAKED = "blocks leaked"  # at the end: neither free nor held by a request
 
     @property
     def higher_is_better(self) -> bool:

@@ -42,7 +42,8 @@ def trace(steps: list[dict[str, Any]], finished: list[str], reported: int = 0) -
         "max_tokens": {"a": 2, "b": 2},
         "finished": finished,
         "reported_preemptions": reported,
-        "blocks_leaked": 0,
+        "blocks_not_free": 0,
+        "blocks_held_by_requests": 0,
     }
 
 
@@ -131,3 +132,11 @@ def test_the_shipped_lists_load_and_every_workload_is_named_once() -> None:
     assert fig.load_cannot_run(fig.CANNOT_RUN)
     assert len(BY_NAME) == len(WORKLOADS)
     assert sum(w.name.startswith("livelock-") for w in WORKLOADS) == 12
+
+
+def test_blocks_an_unfinished_request_holds_are_not_leaked() -> None:
+    held_by_a_livelocked_prompt = {**trace([step({"a": 16}, ["a"], [])], []), "blocks_not_free": 6}
+    held_by_a_livelocked_prompt["blocks_held_by_requests"] = 6
+    assert fig.figures_of(held_by_a_livelocked_prompt, W).leaked == 0
+    lost = {**held_by_a_livelocked_prompt, "blocks_held_by_requests": 4}
+    assert fig.figures_of(lost, W).leaked == 2
