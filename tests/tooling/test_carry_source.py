@@ -188,3 +188,15 @@ def test_review_write_leaves_its_reports_when_the_write_fails(fork: Any, tmp_pat
     assert failed.value.__notes__ == [f"The review's reports were written first: {reports / 'review.md'}"]
     assert (reports / "review.md").read_text().startswith("## vLLM pin review: 1.0 → 1.1")
     assert (reports / "review.html").is_file()
+
+
+def test_the_review_takes_an_equal_spelling_of_a_known_pin_as_the_build_does(
+    fork: Any, tmp_path: Path, recorder: Any
+) -> None:
+    """--pin 1.1.0 is vllm 1.1 (PEP 440) for the review as for the build and the checkout:
+    the same pin reviewed, from the same series, never a refusal of the spelling."""
+    lab(fork, tmp_path, "1.1")
+    assert build(Pin.parse("1.1.0"), fork.spec(), fork.project).manifest.pin == "1.1"
+    result = review(Pin.parse("1.1.0"), fork.spec(), fork.project, source=Pin.parse("1.0.0"))
+    assert (str(result.new_pin), str(result.old_pin)) == ("1.1", "1.0")
+    assert any("--pin 1.1.0 is vllm 1.1" in m for m in recorder.messages("info"))

@@ -32,7 +32,7 @@ from ..pins import Pin
 from ..project import Project
 from ..series import Series
 from ..source import SourceSpec
-from ..supported import read_series_for, source_pin_for
+from ..supported import project_spelling, read_series_for, source_pin_for
 from ..upstream import Upstream
 from .carry import carried_series, check_writable, write_series
 from .difftext import FileDiff, normalized, own_lines, parse_diff
@@ -59,6 +59,9 @@ def review(
     With ``pins.toml``, the series carried is ``source``'s, by default the newest supported
     pin older than ``pin`` (see ``supported.source_pin_for``). ``report_dir``: the reports are
     written there before ``write`` is attempted (and the caller writes them again after it)."""
+    pin = project_spelling(project, pin)  # --pin 1.1.0 is 1.1, as for the build and checkout
+    if source is not None:
+        source = project_spelling(project, source)
     source = source_pin_for(project, pin, source)
     if write:
         check_writable(project, pin, source)
