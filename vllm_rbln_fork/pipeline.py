@@ -90,9 +90,13 @@ def build_lock() -> Iterator[None]:
 def _sweep_scratch() -> list[Path]:
     """Every scratch folder under ``cache/tmp``: each is made by a build, checkout or review
     under the build lock and removed before it is let go, so one found by the lock's new
-    holder is a killed run's (an unpacked sdist: hundreds of MB, kept forever otherwise)."""
+    holder is a killed run's (an unpacked sdist: hundreds of MB, kept forever otherwise).
+    So is a wheel-cache entry still being filled (``wheels/.<key>-*``, see :func:`_store`,
+    which runs only under the lock): a build killed while it copied its wheel there."""
     root = cache_root() / "tmp"
     stale = sorted(root.iterdir()) if root.is_dir() else []
+    if wheel_cache_dir().is_dir():
+        stale += sorted(p for p in wheel_cache_dir().iterdir() if p.name.startswith("."))
     for path in stale:
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path, ignore_errors=True)

@@ -126,3 +126,18 @@ def test_a_sigkilled_build_records_nothing_and_the_next_sweeps_its_scratch(
     assert result.wheel.is_file() and not scratch.exists()
     assert list((isolated_cache / "tmp").iterdir()) == []
     assert any(str(scratch) in m and "killed" in m for m in recorder.messages("info"))
+
+
+def test_a_wheel_cache_entry_a_killed_build_was_filling_is_swept(fork, recorder) -> None:
+    """A build killed inside _store leaves wheels/.<key>-XXXX (tempfile.mkdtemp's folder, a
+    wheel half-copied into it); the next build, a cache hit too, removes it."""
+    import tempfile
+
+    first = build(Pin.parse("1.0"), fork.spec(), fork.project)
+    [entry] = [p for p in wheel_cache_dir().iterdir() if not p.name.startswith(".")]
+    filling = Path(tempfile.mkdtemp(prefix=f".{entry.name[:12]}-", dir=wheel_cache_dir()))
+    (filling / first.wheel.name).write_bytes(first.wheel.read_bytes()[:1000])
+    again = build(Pin.parse("1.0"), fork.spec(), fork.project)
+    assert again.cached and not filling.exists()
+    assert [p.name for p in wheel_cache_dir().iterdir()] == [entry.name]
+    assert any(str(filling) in m and "killed" in m for m in recorder.messages("info"))
