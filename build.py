@@ -118,6 +118,16 @@ UV_INDEX_VARIABLES = {
     "find-links": "UV_FIND_LINKS",
 }
 UV_SEPARATOR = {"UV_INDEX_URL": " ", "UV_EXTRA_INDEX_URL": " ", "UV_FIND_LINKS": ","}
+# Every variable by which uv (0.13, bootstrap.lock) takes an index from its environment:
+# none is inherited, so pip's settings are the only ones (a user's UV_DEFAULT_INDEX naming
+# an index out of reach failed the install, as uv asks every index it is given).
+UV_INHERITED_INDEX_VARIABLES = (*UV_INDEX_VARIABLES.values(), "UV_DEFAULT_INDEX", "UV_INDEX", "UV_NO_INDEX")
+
+
+def uv_environment(environ: dict[str, str], index_env: dict[str, str]) -> dict[str, str]:
+    """uv's environment: ours (``environ``) without any index of uv's own, plus pip's
+    (``index_env``, from :func:`uv_options`)."""
+    return {k: v for k, v in environ.items() if k not in UV_INHERITED_INDEX_VARIABLES} | index_env
 
 
 def uv_options(settings: dict[str, str]) -> tuple[list[str], dict[str, str]]:
@@ -160,7 +170,7 @@ def install(python: Path, lock: Path) -> None:
         config = subprocess.run([*pip, "config", "list"], capture_output=True, text=True, check=False)
         settings = pip_settings(config.stdout)
         options, index_env = uv_options(settings)
-        env = {k: v for k, v in os.environ.items() if k not in UV_INDEX_VARIABLES.values()} | index_env
+        env = uv_environment(dict(os.environ), index_env)
         if settings.get("cert") and "SSL_CERT_FILE" not in env:
             env["SSL_CERT_FILE"] = settings["cert"]  # pip's CA bundle serves uv too
         command = [str(uv), "pip", "install", "--quiet", "--python", str(python), "--require-hashes"]

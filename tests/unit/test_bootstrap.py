@@ -175,3 +175,21 @@ def test_a_bootstrap_that_waits_for_another_one_says_so(tmp_path: Path) -> None:
     assert waiting.returncode == 0, stderr.read_text()
     assert out.strip() == str(env_dir / "bin" / "python")
     assert f"another build.py is making {env_dir}; waiting for it" in said, said
+
+
+def test_uv_inherits_no_index_of_its_own_from_the_environment() -> None:
+    """pip's settings are uv's only indexes: uv 0.13 also reads UV_DEFAULT_INDEX, UV_INDEX and
+    UV_NO_INDEX, and with one naming an index out of reach the install failed."""
+    bootstrap = _bootstrap_module()
+    _, index_env = bootstrap.uv_options({"index-url": "https://pip.example.invalid/simple"})
+    inherited = {
+        "UV_DEFAULT_INDEX": "http://127.0.0.1:9/simple",
+        "UV_INDEX": "other=http://127.0.0.1:9/simple",
+        "UV_NO_INDEX": "1",
+        "UV_INDEX_URL": "http://127.0.0.1:9/simple",
+        "UV_EXTRA_INDEX_URL": "http://127.0.0.1:9/simple",
+        "UV_FIND_LINKS": "/nowhere",
+        "HOME": "/home/me",
+    }
+    env = bootstrap.uv_environment(inherited, index_env)
+    assert env == {"HOME": "/home/me", "UV_INDEX_URL": "https://pip.example.invalid/simple"}
