@@ -31,7 +31,7 @@ def test_cases_are_listed_per_pin_and_deselected_by_node_id(tmp_path: Path) -> N
         "--deselect", "tests/engine/test_x.py::test_a", "--deselect", "tests/engine/test_x.py::test_b",
     ]  # fmt: skip
     listing.write_text("[[case]\n")
-    with pytest.raises(ForkError, match="cannot read .*cannot-run.toml"):
+    with pytest.raises(ForkError, match=r"cannot-run\.toml, line 1, column \d+: not valid TOML"):
         CannotRun.load(Pin.parse("0.31.0"), listing)
 
 
@@ -112,3 +112,13 @@ def test_the_test_venv_lock_of_a_project_without_pins_toml_is_a_clear_error(tmp_
 
     with pytest.raises(ForkError, match=r"has no pins\.toml.*test-lock"):
         _test_lock(Pin.parse("1.0"), Project(tmp_path))
+
+
+def test_a_malformed_cannot_run_list_is_named_with_its_line(tmp_path: Path) -> None:
+    """cannot-run.toml goes through files.read_toml, the one TOML error path: the file, the
+    line and the way back (git checkout), as for pins.toml and base-wheel.toml."""
+    listing = tmp_path / "cannot-run.toml"
+    listing.write_text('[[pin]]\npin = "1.0"\nreason = "no engine lock\n')
+    named = r"cannot-run\.toml, line 3, column \d+: not valid TOML.*git checkout -- cannot-run\.toml"
+    with pytest.raises(ForkError, match=named):
+        CannotRun.load(Pin.parse("1.0"), listing)

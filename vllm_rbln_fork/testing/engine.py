@@ -14,16 +14,16 @@ import hashlib
 import os
 import re
 import shlex
-import tomllib
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from .. import log, proc
 from ..basewheel import BaseWheelSpec
 from ..errors import ForkError
-from ..files import made_and_held, remove_unless_held, sha256_of
+from ..files import made_and_held, read_toml, remove_unless_held, sha256_of
 from ..paths import PROJECT_ROOT, cache_root
 from ..pins import Pin
 from ..pipeline import BuildResult, build
@@ -48,10 +48,7 @@ class CannotRun:
 
     @classmethod
     def load(cls, pin: Pin, path: Path = CANNOT_RUN) -> CannotRun:
-        try:
-            data = tomllib.loads(path.read_text())
-        except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise ForkError(f"cannot read {path}: {exc}. Restore it from git.") from None
+        data: dict[str, Any] = read_toml(path, missing_ok=False)  # the one TOML error path
         pins = {str(e["pin"]): str(e["reason"]).strip() for e in data.get("pin", [])}
         cases = {
             str(e["test"]): str(e["reason"]).strip()
