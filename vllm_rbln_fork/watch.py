@@ -134,8 +134,46 @@ def watch(
     if name is not None and _git(project, "branch", "--list", name):
         note = f"a move to {target} is under way already on branch {name}; nothing new beyond it"
         return Watched(Outcome.NOTHING_NEW, newest, note=note, seconds=time.perf_counter() - start)
-    if name is not None:
-        _git(project, "switch", "--quiet", "-c", name)
+    if name is None:
+        return _move(project, spec, newest, target, None, run_tier, start)
+    back = _git(project, "rev-parse", "--abbrev-ref", "HEAD")  # "HEAD": detached
+    back_commit = _git(project, "rev-parse", "HEAD")
+    # Written by the move besides WRITES: the new pin's conformance lists, if not there before.
+    extra = f"tests/upstream/{target}"
+    cleaned = (*WRITES, *(() if (project.root / extra).exists() else (extra,)))
+    _git(project, "switch", "--quiet", "-c", name)
+    try:
+        return _move(project, spec, newest, target, name, run_tier, start)
+    except BaseException:
+        _abandon(project, name, back, back_commit, target, cleaned)
+        raise
+
+
+def _abandon(
+    project: Project, name: str, back: str, back_commit: str, target: Pin, cleaned: tuple[str, ...]
+) -> None:
+    """After an error (or an interrupt) during the move: back to the branch (or detached commit)
+    it started from, the work tree as it was (it was clean in what the watcher writes), and no
+    branch ``name`` left to make the next run think the move under way."""
+    log.warn(f"the move to {target} failed: back to {back}, branch {name} removed")
+    _git(project, "reset", "--quiet", "--hard")
+    ours = [p for p in cleaned if (project.root / p).exists()]
+    if ours:
+        _git(project, "clean", "--quiet", "-d", "--force", "--", *ours)
+    _git(project, "switch", "--quiet", *(("--detach", back_commit) if back == "HEAD" else (back,)))
+    _git(project, "branch", "--quiet", "-D", name)
+
+
+def _move(
+    project: Project,
+    spec: SourceSpec,
+    newest: Pin,
+    target: Pin,
+    name: str | None,
+    run_tier: bool,
+    start: float,
+) -> Watched:
+    """The move itself (steps 2 to 6 of the module's docstring), on branch ``name`` if given."""
     _mark_moving(project, target)
     copied = _copy_conformance_lists(project, newest, target)
 

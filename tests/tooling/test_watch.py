@@ -176,3 +176,21 @@ def test_a_recorded_resolution_lets_the_watcher_carry_a_conflicting_release(repo
     with zipfile.ZipFile(wheel) as z:
         assert RESOLVED in z.read("vllm/core/gate.py").decode()  # the hand resolution, replayed
     assert "conflicts resolved from `rerere/`: 1" in summary(moved)
+
+
+def test_a_move_that_fails_leaves_the_repository_as_it_was(repo_fork: Any) -> None:
+    """An error during the move (here: the new release's sdist on the index is not a tarball)
+    is raised, and the repository is back on the branch it started from, clean, with no
+    watch/ branch: the next run starts the move again instead of calling it under way."""
+    from vllm_rbln_fork.errors import ForkError
+
+    fork, root = repo_fork, repo_fork.project.root
+    _only_on_index(fork, "1.0", "1.1")
+    (fork.index.root / "simple" / "vllm" / "vllm-1.1.tar.gz").write_bytes(b"not a tarball")
+    head = _git(root, "rev-parse", "HEAD")
+    with pytest.raises(ForkError):
+        watch(fork.project, fork.spec(), run_tier=False)
+    assert _git(root, "branch", "--show-current").strip() == "main"
+    assert _git(root, "rev-parse", "HEAD") == head
+    assert _git(root, "status", "--porcelain") == ""
+    assert _git(root, "branch", "--list", "watch/*") == ""
