@@ -138,3 +138,21 @@ def test_release_builds_and_publishes_with_the_url_and_credentials_from_secrets(
         ).step("Build and publish")
         assert refused.status != 0 and "TWINE_USERNAME" in refused.output
         assert sorted(p.name for p in (tmp_path / "packages").iterdir()) == [wheel.name]
+
+
+def test_watch_that_fails_fails_the_job_and_opens_nothing(tmp_path: Path, machine: dict[str, str]) -> None:
+    """`build.py watch` stopped by an error (here: the index cannot be reached) exits 2, as every
+    command's error does; that is not the watcher's "work left by hand" (also 2), so the job
+    fails, and neither an issue nor a pull request step runs."""
+    clone = fresh_clone(PROJECT_ROOT, tmp_path)
+    remote = tmp_path / "remote.git"  # what a push step would reach, never the project
+    subprocess.run(["git", "init", "-q", "--bare", remote], check=True)
+    subprocess.run(["git", "remote", "set-url", "origin", remote], cwd=clone, check=True)
+    contexts = {"vars": {"PIP_INDEX_URL": "http://127.0.0.1:9/simple/"}}
+    job = run_job(WORKFLOWS / "watch.yml", "watch", clone, contexts, machine, tmp_path / "steps")
+
+    watched = job.step("Watch")
+    assert watched.ran and watched.status != 0, watched.output[-4000:]
+    assert "127.0.0.1:9" in watched.output
+    for name in ("Open a pull request (a move ready for review)", "Open an issue (work left by hand)"):
+        assert not job.step(name).ran, job.step(name).output[-2000:]
