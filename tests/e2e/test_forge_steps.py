@@ -27,6 +27,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+import yaml
 from workflow_steps import fresh_clone, run_job
 
 from vllm_rbln_fork.paths import PROJECT_ROOT
@@ -156,3 +157,31 @@ def test_watch_that_fails_fails_the_job_and_opens_nothing(tmp_path: Path, machin
     assert "127.0.0.1:9" in watched.output
     for name in ("Open a pull request (a move ready for review)", "Open an issue (work left by hand)"):
         assert not job.step(name).ran, job.step(name).output[-2000:]
+
+
+@pytest.mark.parametrize(
+    ("workflow", "job", "step"),
+    [("ci.yml", "tooling", "Matrix from pins.toml"), ("release.yml", "plan", "Matrix from pins.toml")],
+)
+def test_a_matrix_that_cannot_be_made_fails_its_step(
+    workflow: str, job: str, step: str, tmp_path: Path, machine: dict[str, str]
+) -> None:
+    """`build.py matrix` failing (here: pins.toml is not TOML) fails the step that writes the
+    matrix output, instead of an empty output the next job's fromJSON chokes on."""
+    clone = fresh_clone(PROJECT_ROOT, tmp_path)
+    (clone / "pins.toml").write_text("[pin.\n")
+    data = yaml.safe_load((WORKFLOWS / workflow).read_text())
+    only = {
+        **data,
+        "jobs": {
+            job: {
+                **data["jobs"][job],
+                "steps": [s for s in data["jobs"][job]["steps"] if s.get("name") == step],
+            }
+        },
+    }
+    (tmp_path / workflow).write_text(yaml.safe_dump(only))
+    run = run_job(tmp_path / workflow, job, clone, {}, machine, tmp_path / "steps")
+    made = run.step(step)
+    assert made.ran and made.status != 0, made.output[-2000:]
+    assert "pins.toml" in made.output
