@@ -110,6 +110,17 @@ def test_a_missing_figure_is_the_worst() -> None:
     assert ours.steps_per_token is None
     judged = {j.figure: j.verdict for j in fig.judge(W, ours, theirs, [])}
     assert judged[Figure.FINISHED] is fig.Verdict.BEHIND
+    # A figure ours lacks (no output token, no first token) is behind any value of theirs, for
+    # a lower-is-better figure as for a higher-is-better one; theirs lacking it is not.
+    per_token = Workload(
+        name="per-token", what="test", arrivals=W.arrivals, judged=(Figure.STEPS_PER_TOKEN, Figure.HIT_TOKENS)
+    )
+    no_hits = fig.figures_of(trace([], []), per_token)
+    assert no_hits.hit_tokens is None
+    verdicts = {j.figure: j.verdict for j in fig.judge(per_token, no_hits, theirs, [])}
+    assert verdicts == {Figure.STEPS_PER_TOKEN: fig.Verdict.BEHIND, Figure.HIT_TOKENS: fig.Verdict.BEHIND}
+    reverse = {j.figure: j.verdict for j in fig.judge(per_token, theirs, no_hits, [])}
+    assert set(reverse.values()) == {fig.Verdict.SAME_OR_BETTER}
 
 
 def test_differences_must_name_a_workload_and_a_judged_figure(tmp_path: Path) -> None:
