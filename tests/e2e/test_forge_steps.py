@@ -85,9 +85,37 @@ def test_ci_first_job_runs_the_tooling_tier_lint_and_makes_the_matrix(
     assert json.loads(outputs["moving"]) == []
 
 
-def test_watch_with_nothing_new_exits_0_and_opens_nothing(tmp_path: Path, machine: dict[str, str]) -> None:
+def _index_of_supported_releases(root: Path) -> Path:
+    """A PEP 503 page for vllm listing the supported pins' sdists (names and hashes from
+    pins.lock; the watcher reads only the page when nothing is new)."""
+    from vllm_rbln_fork.pins import PinsLock
+    from vllm_rbln_fork.supported import supported_pins
+
+    project = Project.default()
+    lock = PinsLock(project.pins_lock)
+    links = []
+    for s in supported_pins(project):
+        locked = lock.get(s.pin)
+        assert locked is not None, s.pin
+        links.append(f'<a href="{locked.filename}#sha256={locked.sha256}">{locked.filename}</a>')
+    page = root / "simple" / "vllm" / "index.html"
+    page.parent.mkdir(parents=True)
+    page.write_text("<!DOCTYPE html><html><body>\n" + "\n".join(links) + "\n</body></html>\n")
+    return root
+
+
+def test_watch_with_nothing_new_exits_0_and_opens_nothing(
+    tmp_path: Path, machine: dict[str, str], kit: ModuleType
+) -> None:
+    """Against an index the test serves, whose newest vLLM release is the newest supported pin:
+    the package index's own list changes when vLLM releases (the watcher's very purpose)."""
     clone = fresh_clone(PROJECT_ROOT, tmp_path)
-    job = run_job(WORKFLOWS / "watch.yml", "watch", clone, {}, machine, tmp_path / "steps")
+    with kit.static_server(
+        _index_of_supported_releases(tmp_path / "index"), tmp_path / "index.log"
+    ) as server:
+        contexts = {"vars": {"PIP_INDEX_URL": f"{server.url}/simple/"}}
+        job = run_job(WORKFLOWS / "watch.yml", "watch", clone, contexts, machine, tmp_path / "steps")
+        assert "/simple/vllm/" in server.gets()
 
     for step in (s for s in job.steps if s.ran):
         assert step.status == 0, f"{step.name} failed:\n{step.output[-4000:]}"
