@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -60,6 +61,10 @@ def test_ci_first_job_runs_the_tooling_tier_lint_and_makes_the_matrix(
     tmp_path: Path, machine: dict[str, str]
 ) -> None:
     clone = fresh_clone(PROJECT_ROOT, tmp_path)
+    # The step runs `build.py test --tier tooling` as written; that tier has run in full in this
+    # test run already, so pytest's own PYTEST_ADDOPTS narrows the nested run to the matrix
+    # tests (the whole tier nested here took 3 of the e2e tier's 4 minutes).
+    machine["PYTEST_ADDOPTS"] = "-k test_matrix"
     job = run_job(WORKFLOWS / "ci.yml", "tooling", clone, {}, machine, tmp_path / "steps")
 
     ran = [s for s in job.steps if s.ran]
@@ -79,7 +84,8 @@ def test_ci_first_job_runs_the_tooling_tier_lint_and_makes_the_matrix(
     ]
     table = (clone / "reports" / "time-tooling.txt").read_text()
     assert table.splitlines()[2].startswith("tooling")
-    assert " passed, 0 failed" in job.step("Tooling tier (the workflows' actionlint included)").output
+    tier = job.step("Tooling tier (the workflows' actionlint included)").output
+    assert re.search(r"^[1-9]\d* passed, 0 failed$", tier, re.M), tier[-2000:]
     outputs = job.outputs["matrix"]
     assert json.loads(outputs["test"]) == matrix(Project.default(), "test")
     assert json.loads(outputs["moving"]) == []
