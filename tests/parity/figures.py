@@ -143,6 +143,7 @@ class Verdict(StrEnum):
     SAME_OR_BETTER = "same or better"
     LISTED = "behind, listed"
     BEHIND = "behind, not listed"  # fails the tier
+    FURTHER_BEHIND = "listed, but further behind than listed"  # fails the tier
     STALE = "listed, but no longer behind"  # fails the tier: delete the entry
 
 
@@ -151,6 +152,7 @@ class Difference:
     workload: str
     figure: Figure
     why: str
+    ours: float  # ours' value when listed: ours worse than it fails (further behind)
     pins: tuple[str, ...] = ()
 
 
@@ -165,12 +167,13 @@ class Judgement:
 
     @property
     def fails(self) -> bool:
-        return self.verdict in (Verdict.BEHIND, Verdict.STALE)
+        return self.verdict in (Verdict.BEHIND, Verdict.FURTHER_BEHIND, Verdict.STALE)
 
 
 def load_differences(path: Path, pin: str) -> tuple[Difference, ...]:
-    """``[[difference]]`` entries (workload, figure, why, optional pins) for ``pin``; each must
-    name a workload of ``WORKLOADS`` and one of the figures it judges."""
+    """``[[difference]]`` entries (workload, figure, why, ours, optional pins) for ``pin``; each
+    must name a workload of ``WORKLOADS`` and one of the figures it judges, and give ``ours``,
+    ours' value when it was listed."""
     try:
         data = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as error:
@@ -189,6 +192,12 @@ def load_differences(path: Path, pin: str) -> tuple[Difference, ...]:
             raise ParityError(f"{where}: {workload} judges {', '.join(judged)}, not {figure!r}.")
         if not isinstance(why, str) or not why.strip():
             raise ParityError(f"{where} needs a non-empty 'why': the mechanism that puts ours behind.")
+        ours = entry.get("ours")
+        if isinstance(ours, bool) or not isinstance(ours, int | float):
+            raise ParityError(
+                f"{where} needs 'ours', a number: ours' value when listed (the tier's report shows "
+                "it); ours worse than it fails, so a listed difference cannot grow unseen."
+            )
         pins = entry.get("pins", [])
         if not isinstance(pins, list) or not all(isinstance(p, str) for p in pins):
             raise ParityError(f"{where}: 'pins' must be a list of versions.")
@@ -196,7 +205,9 @@ def load_differences(path: Path, pin: str) -> tuple[Difference, ...]:
             raise ParityError(f"{where} lists {workload} / {figure} a second time.")
         seen.add((workload, figure))
         if not pins or pin in pins:
-            result.append(Difference(workload, Figure(figure), " ".join(why.split()), tuple(pins)))
+            result.append(
+                Difference(workload, Figure(figure), " ".join(why.split()), float(ours), tuple(pins))
+            )
     return tuple(result)
 
 
@@ -232,7 +243,12 @@ def judge(
         a, b = ours.value(figure), theirs.value(figure)
         entry = listed.get(figure)
         if _worse(figure, a, b):
-            verdict, why = (Verdict.LISTED, entry.why) if entry else (Verdict.BEHIND, "")
+            if entry is None:
+                verdict, why = Verdict.BEHIND, ""
+            elif _worse(figure, a, entry.ours):
+                verdict, why = Verdict.FURTHER_BEHIND, f"listed at {_num(entry.ours)}: {entry.why}"
+            else:
+                verdict, why = Verdict.LISTED, entry.why
         else:
             verdict, why = (Verdict.STALE, entry.why) if entry else (Verdict.SAME_OR_BETTER, "")
         result.append(Judgement(workload.name, figure, a, b, verdict, why))

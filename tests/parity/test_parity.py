@@ -138,6 +138,8 @@ def test_ours_matches_or_beats_vllm_rbln(name: str, runs: dict[str, dict[str, An
         + (
             " (delete the entry from tests/parity/differences.toml)"
             if j.verdict is fig.Verdict.STALE
+            else " (fix ours, or give its entry in tests/parity/differences.toml the new 'ours' and why)"
+            if j.verdict is fig.Verdict.FURTHER_BEHIND
             else " (fix ours, or list it in tests/parity/differences.toml with the reason)"
         )
         for j in failing

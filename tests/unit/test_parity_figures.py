@@ -90,16 +90,36 @@ def test_behind_and_unlisted_fails_listed_passes() -> None:
         Figure.HIT_TOKENS: fig.Verdict.BEHIND,
     }
     listed = [
-        fig.Difference(W.name, Figure.STEPS, "no mixed steps"),
-        fig.Difference(W.name, Figure.HIT_TOKENS, "x"),
+        fig.Difference(W.name, Figure.STEPS, "no mixed steps", ours=4),
+        fig.Difference(W.name, Figure.HIT_TOKENS, "x", ours=0),
     ]
     judged = fig.judge(W, ours, theirs, listed)
     assert not any(j.fails for j in judged)
 
 
+def test_a_listed_difference_where_ours_falls_further_behind_fails() -> None:
+    """A listed difference holds ours to the value it had when listed (``ours``): ours' 4 steps
+    (vllm-rbln's 3) pass listed at 4 or 5, and fail listed at 3.5, further behind than listed;
+    for a higher-is-better figure the other way round."""
+    ours, theirs = fig.figures_of(OURS, W), fig.figures_of(THEIRS, W)
+    assert (ours.steps, theirs.steps, ours.hit_tokens, theirs.hit_tokens) == (4, 3, 0, 4)
+    for listed_steps, fails in ((4, False), (5, False), (3.5, True)):
+        judged = {
+            j.figure: j
+            for j in fig.judge(
+                W, ours, theirs, [fig.Difference(W.name, Figure.STEPS, "why", ours=listed_steps)]
+            )
+        }
+        assert judged[Figure.STEPS].fails is fails, listed_steps
+        if fails:
+            assert judged[Figure.STEPS].verdict is fig.Verdict.FURTHER_BEHIND
+    hits = fig.judge(W, ours, theirs, [fig.Difference(W.name, Figure.HIT_TOKENS, "why", ours=1)])
+    assert [j.verdict for j in hits if j.figure is Figure.HIT_TOKENS] == [fig.Verdict.FURTHER_BEHIND]
+
+
 def test_a_listed_difference_that_no_longer_differs_is_stale() -> None:
     theirs = fig.figures_of(THEIRS, W)
-    judged = fig.judge(W, theirs, theirs, [fig.Difference(W.name, Figure.STEPS, "was behind")])
+    judged = fig.judge(W, theirs, theirs, [fig.Difference(W.name, Figure.STEPS, "was behind", ours=4)])
     stale = [j for j in judged if j.fails]
     assert [(j.figure, j.verdict) for j in stale] == [(Figure.STEPS, fig.Verdict.STALE)]
 
@@ -131,8 +151,11 @@ def test_differences_must_name_a_workload_and_a_judged_figure(tmp_path: Path) ->
     path.write_text('[[difference]]\nworkload = "roomy-pool"\nfigure = "blocks leaked"\nwhy = "x"\n')
     with pytest.raises(fig.ParityError, match="judges"):
         fig.load_differences(path, "0.31.0")
+    path.write_text('[[difference]]\nworkload = "roomy-pool"\nfigure = "steps"\nwhy = "x"\n')
+    with pytest.raises(fig.ParityError, match="'ours'"):
+        fig.load_differences(path, "0.31.0")
     path.write_text(
-        '[[difference]]\nworkload = "roomy-pool"\nfigure = "steps"\nwhy = "x"\npins = ["0.32.0"]\n'
+        '[[difference]]\nworkload = "roomy-pool"\nfigure = "steps"\nwhy = "x"\nours = 40\npins = ["0.32.0"]\n'
     )
     assert fig.load_differences(path, "0.31.0") == ()
     assert len(fig.load_differences(path, "0.32.0")) == 1
