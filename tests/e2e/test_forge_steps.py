@@ -219,3 +219,25 @@ def test_a_matrix_that_cannot_be_made_fails_its_step(
     made = run.step(step)
     assert made.ran and made.status != 0, made.output[-2000:]
     assert "pins.toml" in made.output
+
+
+@pytest.mark.parametrize(
+    ("ref_type", "ref_name", "plans"), [("branch", "main", False), ("tag", "release-7", True)]
+)
+def test_release_plans_wheels_only_for_a_tag(
+    ref_type: str, ref_name: str, plans: bool, tmp_path: Path, machine: dict[str, str]
+) -> None:
+    """Release publishes to an index whose files are immutable: dispatched by hand on a branch
+    (workflow_dispatch lets one pick any ref), its plan job refuses, so no wheel of an untagged
+    commit is published; on a tag it plans every supported pin's wheels."""
+    clone = fresh_clone(PROJECT_ROOT, tmp_path)
+    contexts = {"github": {"ref_type": ref_type, "ref_name": ref_name}}
+    job = run_job(WORKFLOWS / "release.yml", "plan", clone, contexts, machine, tmp_path / "steps")
+    planned = job.outputs.get("matrix", {}).get("wheels")
+    if plans:
+        assert all(s.status == 0 for s in job.steps if s.ran)
+        assert planned is not None and json.loads(planned) == matrix(Project.default(), "release")
+    else:
+        assert any(s.ran and s.status != 0 for s in job.steps), [s.output[-500:] for s in job.steps]
+        assert planned is None
+        assert any("a tag" in s.output for s in job.steps if s.ran)
