@@ -184,7 +184,17 @@ def read_series_names(series_file: Path = SERIES_FILE) -> tuple[Pin, list[str]]:
         raise SeriesError(f"{series_file} does not exist. It lists the patches of the fork, one per line.")
     exported_against: Pin | None = None
     names: list[str] = []
-    for number, raw in enumerate(series_file.read_text().splitlines(), start=1):
+    data = series_file.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        at = data.count(b"\n", 0, exc.start) + 1
+        raise SeriesError(
+            f"{series_file.name}, line {at}: byte "
+            f"{data[exc.start]:#04x} is not UTF-8; a series file is UTF-8 text, as export writes "
+            f"it. Fix that line, or restore the file from git (git checkout -- {series_file.name})."
+        ) from None
+    for number, raw in enumerate(text.splitlines(), start=1):
         line = raw.strip()
         if match := EXPORTED_AGAINST.match(line):
             try:

@@ -119,3 +119,13 @@ def test_broken_pins_toml(tmp_path, pins_toml, message) -> None:
 def test_slug_names_patches_from_subjects() -> None:
     assert slug("Add the RBLN scheduler") == "add-the-rbln-scheduler.patch"
     assert len(slug("x" * 200)) == 64 + len(".patch")
+
+
+def test_a_non_utf8_byte_in_the_series_file_is_named_with_its_line(tmp_path) -> None:
+    """The series file as the patches (issue 22, bug 12): a byte that is not UTF-8 is a
+    SeriesError naming the file, the line and the way back, never a UnicodeDecodeError."""
+    (tmp_path / "patches").mkdir()
+    series = tmp_path / "series"
+    series.write_bytes(b"# Exported-Against: vllm 1.0\n\nadd-rbln\xff.patch\n")
+    with pytest.raises(SeriesError, match=r"series, line 3: byte 0xff is not UTF-8.*git checkout -- series"):
+        read_series(series, tmp_path / "patches")
