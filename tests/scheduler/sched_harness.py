@@ -352,10 +352,12 @@ class Driver:
             request = scheduler.requests[req_id]
             # After schedule() the computed count includes this step. A
             # request is decoding when it starts this step with its whole
-            # sequence computed but the last sampled token.
+            # sequence computed but the last token: a running decode, or a
+            # decode-ready admission (a landed remote load or a full prefix
+            # hit), which runs with the decodes (docs/scheduler.md).
             start = request.num_computed_tokens - num_tokens
             computed_before[req_id] = start
-            if start >= request.num_tokens - 1 and request.num_output_tokens > 0:
+            if start >= request.num_tokens - 1:
                 decode.append(req_id)
             else:
                 prefill.append(req_id)
@@ -548,6 +550,33 @@ def _register_prefix_hit_connector() -> None:
 
     if PREFIX_HIT_CONNECTOR not in KVConnectorFactory._registry:
         KVConnectorFactory._registry[PREFIX_HIT_CONNECTOR] = prefix_hit_connector_cls
+
+
+def prefix_hit_connector_scheduler(
+    matched_tokens: int, is_async: bool, additional_config: dict[str, Any] | None = None, **kwargs: Any
+) -> Scheduler:
+    """The RBLN scheduler (vLLM's harness, `kwargs` passed on) with a
+    connector whose store holds the first `matched_tokens` tokens of every
+    prompt (at most all but its last token: a P/D decode instance's
+    remote KV), loaded asynchronously or not."""
+    from tests.v1.core.utils import create_scheduler
+    from vllm.config import KVTransferConfig
+
+    _register_prefix_hit_connector()
+    rbln = rbln_scheduler_factory(additional_config)
+
+    def scheduler_cls(*, vllm_config: Any, **scheduler_kwargs: Any) -> Scheduler:
+        vllm_config.kv_transfer_config = KVTransferConfig(
+            kv_connector=PREFIX_HIT_CONNECTOR,
+            kv_role="kv_both",
+            kv_connector_extra_config={"matched_tokens": matched_tokens, "is_async": is_async},
+        )
+        # As vLLM's config does for a connector without HMA support.
+        vllm_config.scheduler_config.disable_hybrid_kv_cache_manager = True
+        return rbln(vllm_config=vllm_config, **scheduler_kwargs)
+
+    kwargs.setdefault("block_size", BLOCK_SIZE)
+    return create_scheduler(scheduler_cls=scheduler_cls, **kwargs)  # type: ignore[arg-type]
 
 
 def make_livelock_scheduler(case: LivelockCase, progress_guarantee: bool = True) -> Scheduler:
