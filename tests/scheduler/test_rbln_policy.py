@@ -317,3 +317,63 @@ def test_async_scheduling_without_a_drafter_warns(caplog: pytest.LogCaptureFixtu
         "not an AsyncScheduler" in record.getMessage() and "--no-async-scheduling" in record.getMessage()
         for record in caplog.records
     )
+
+
+def _finish_step(scheduler: Scheduler, output: Any) -> None:
+    """The model runner's answer to one scheduled step: every request that
+    reached the end of its sequence samples one token."""
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    req_ids = list(output.num_scheduled_tokens)
+    sampled = [
+        [h.SAMPLED_TOKEN]
+        if scheduler.requests[r].num_computed_tokens >= scheduler.requests[r].num_tokens
+        else []
+        for r in req_ids
+    ]
+    scheduler.update_from_output(
+        output,
+        ModelRunnerOutput(
+            req_ids=req_ids,
+            req_id_to_index={r: i for i, r in enumerate(req_ids)},
+            sampled_token_ids=sampled,
+            logprobs=None,
+            prompt_logprobs_dict={},
+            pooler_output=[],
+        ),
+    )
+
+
+def test_pp_microbatches_split_the_decodes_evenly() -> None:
+    """Six decodes at pp 2, max_num_seqs 8 (a hard cap of 4 per microbatch):
+    the two microbatches in flight (vLLM's batch queue: a step is scheduled
+    before the previous one's output is back) carry 3 + 3, not 4 + 2, and
+    stay balanced to the end (issue 21, gap 5a).
+
+    Shown failing first on 0.31.0+rbln.12 (microbatches of 4 and 2)."""
+    scheduler = make(max_num_seqs=8, pipeline_parallel_size=2)
+    driver = h.Driver(scheduler)
+    for i in range(6):
+        driver.add(request(f"r{i}", 8, 12))
+    while len(scheduler.running) < 6 or any(r.num_output_tokens == 0 for r in scheduler.running):
+        driver.step()
+        assert len(driver.steps) < 20
+    first, second = scheduler.schedule(), scheduler.schedule()
+    sizes = [len(first.num_scheduled_tokens), len(second.num_scheduled_tokens)]
+    assert sizes == [3, 3], f"microbatches {sizes}"
+    in_flight = [first, second]
+    batches: list[int] = []
+    for _ in range(60):
+        if not scheduler.has_requests():
+            break
+        _finish_step(scheduler, in_flight.pop(0))
+        output = scheduler.schedule()
+        batches.append(len(output.num_scheduled_tokens))
+        in_flight.append(output)
+    for output in in_flight:
+        _finish_step(scheduler, output)
+    assert not scheduler.has_requests()
+    # While all six decode, every microbatch carries three of them.
+    assert batches[:8] == [3] * 8, f"microbatches {sizes + batches}"
+    h.assert_all_blocks_free(scheduler)
+
