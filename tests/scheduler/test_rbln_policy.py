@@ -377,3 +377,69 @@ def test_pp_microbatches_split_the_decodes_evenly() -> None:
     assert batches[:8] == [3] * 8, f"microbatches {sizes + batches}"
     h.assert_all_blocks_free(scheduler)
 
+
+def test_a_non_last_pp_stage_gets_the_tokens_it_may_lag_by() -> None:
+    """Pipeline parallel 2, synchronous scheduling, ngram k=3 with 2 of 3
+    drafts accepted: each cached request's `new_token_ids` start
+    `num_spec_tokens` before its computed count (a non-last stage never sees
+    the accepted drafts, so its copy lags by up to that many), and end where
+    upstream's do, at the tokens it is scheduled beyond its drafts (issue
+    21, gap 5b).
+
+    Shown failing first on 0.31.0+rbln.12 (payloads of 1 token, from the
+    computed count)."""
+    from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
+
+    scheduler = make(
+        pipeline_parallel_size=2,
+        max_num_seqs=4,
+        max_num_batched_tokens=16,
+        num_speculative_tokens=SPEC,
+        speculative_method="ngram",
+    )
+    for i, prompt_len in enumerate((40, 20, 9)):
+        scheduler.add_request(request(f"pp{i}", prompt_len, 12))
+    widened = 0
+    for _ in range(200):
+        if not scheduler.has_requests():
+            break
+        output = scheduler.schedule()
+        cached = output.scheduled_cached_reqs
+        assert len(cached.new_token_ids) == len(cached.req_ids)
+        for index, req_id in enumerate(cached.req_ids):
+            req = scheduler.requests[req_id]
+            scheduled = output.num_scheduled_tokens[req_id]
+            drafts = len(output.scheduled_spec_decode_tokens.get(req_id, ()))
+            # num_computed_tokens now includes this step's tokens.
+            start = req.num_computed_tokens - scheduled
+            expected = list(req.all_token_ids[max(0, start - SPEC) : start + scheduled - drafts])
+            assert list(cached.new_token_ids[index]) == expected, req_id
+            widened += len(expected) > scheduled - drafts
+        req_ids = list(output.num_scheduled_tokens)
+        sampled = []
+        for req_id in req_ids:
+            req = scheduler.requests[req_id]
+            if req.num_computed_tokens < req.num_tokens:
+                sampled.append([])
+                continue
+            drafts = len(output.scheduled_spec_decode_tokens.get(req_id, ()))
+            sampled.append([h.DRAFT_TOKEN] * min(2, drafts) + [h.SAMPLED_TOKEN])
+        scheduler.update_from_output(
+            output,
+            ModelRunnerOutput(
+                req_ids=req_ids,
+                req_id_to_index={r: i for i, r in enumerate(req_ids)},
+                sampled_token_ids=sampled,
+                logprobs=None,
+                prompt_logprobs_dict={},
+                pooler_output=[],
+            ),
+        )
+        drafting = [r.request_id for r in scheduler.running if not r.is_prefill_chunk]
+        if drafting:
+            scheduler.update_draft_token_ids(
+                DraftTokenIds(req_ids=drafting, draft_token_ids=[[h.DRAFT_TOKEN] * SPEC for _ in drafting])
+            )
+    assert not scheduler.has_requests()
+    assert widened > 10
+    h.assert_all_blocks_free(scheduler)
