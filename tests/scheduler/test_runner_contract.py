@@ -39,9 +39,11 @@ class ContractRunner:
     # What the workload covered (each test asserts on its own).
     prefill_steps: int = 0
     decode_steps: int = 0
-    # Steps whose one request had a single prompt token left (a chunk's last token,
-    # a prompt of one token, a prefix-cache or connector hit of all but one token).
+    # Requests scheduled with a single prompt token left (a chunk's last token, a
+    # prompt of one token, a prefix-cache or connector hit of all but one token).
     one_token_prompt_steps: int = 0
+    # Of those, admissions that shared their decode step with other requests.
+    joined_decode_batch: int = 0
     new: int = 0
     resumed: int = 0
     cached_after_a_gap: int = 0
@@ -61,6 +63,9 @@ class ContractRunner:
         self._check_lists(output)
         computed_before = self._computed_before(output)
 
+        admitted = {r.req_id for r in output.scheduled_new_reqs} | set(
+            output.scheduled_cached_reqs.resumed_req_ids
+        )
         # 1. The phase: from the non-draft token counts alone.
         base = {r: n - len(drafts.get(r, ())) for r, n in scheduled.items()}
         if any(n > 1 for n in base.values()):
@@ -81,10 +86,15 @@ class ContractRunner:
                     request.num_tokens,
                 )
                 if request.num_output_tokens == 0:
-                    # A prompt's last token: a step of its own.
-                    assert len(scheduled) == 1, (
-                        f"a prompt's last token shares a step with {sorted(scheduled)}"
-                    )
+                    # A prompt's last token. Admitted with it (a one-token prompt, a
+                    # hit of all but one token): it joins the decode batch. A chunked
+                    # prompt's one-token last chunk: a step of its own.
+                    if req_id not in admitted:
+                        assert len(scheduled) == 1, (
+                            f"a chunk's last token shares a step with {sorted(scheduled)}"
+                        )
+                    elif len(scheduled) > 1:
+                        self.joined_decode_batch += 1
                     self.one_token_prompt_steps += 1
 
         # 2. The block tables.
@@ -110,7 +120,11 @@ class ContractRunner:
             for i, req_id in enumerate(cached.req_ids):
                 request = scheduler.requests[req_id]
                 start = cached.num_computed_tokens[i]
-                assert cached.new_token_ids[i] == request.all_token_ids[start : start + base[req_id]]
+                # From `num_spec_tokens` before the computed count: a non-last stage
+                # never sees the accepted drafts, so its copy lags by up to that many.
+                lag = scheduler.num_spec_tokens
+                expected = request.all_token_ids[max(0, start - lag) : start + base[req_id]]
+                assert cached.new_token_ids[i] == expected
                 self.payloads += 1
                 if self._accepted.get(req_id):
                     self.payloads_after_accepted_drafts += 1
@@ -248,7 +262,8 @@ def test_the_phase_is_told_by_the_non_draft_token_counts() -> None:
     drafts; then it holds that one request and no drafts. Otherwise it is a decode step:
     every request has all but its last token computed. A prompt's last token (a
     one-token chunk, a one-token prompt, a hit of all but one token) is a decode by
-    that rule and gets a step of its own."""
+    that rule: admitted with it, it joins the decode batch; a chunk's last token gets a
+    step of its own."""
     driver = run_mixed(mixed_scheduler())
     runner = driver.runner
     assert runner.prefill_steps >= 4 and runner.decode_steps >= 5
@@ -289,7 +304,8 @@ def test_new_resumed_and_cached_requests(v2: bool) -> None:
 def test_a_landed_kv_load_is_a_new_request_with_one_token() -> None:
     """A P/D decode side: every prompt's KV but its last token arrives from the
     connector, asynchronously. The landed request is new, starts at its loaded
-    tokens, and its one token runs as a decode by the phase rule."""
+    tokens, and its one token runs as a decode by the phase rule, in the decode
+    batch (the three land together and share one step)."""
     from tests.v1.core.utils import create_scheduler
     from vllm.config import KVTransferConfig
 
@@ -320,6 +336,7 @@ def test_a_landed_kv_load_is_a_new_request_with_one_token() -> None:
     assert runner.new == 3
     assert runner.prefill_steps == 0
     assert runner.one_token_prompt_steps == 3
+    assert runner.joined_decode_batch == 3
 
 
 @pytest.mark.parametrize("sub_block_size", [4, 8])
@@ -357,9 +374,10 @@ def test_sub_block_copies_are_in_kv_cache_block_copies(sub_block_size: int) -> N
 def test_a_non_last_stage_gets_the_base_tokens(drafts: bool) -> None:
     """Pipeline parallel, sync scheduling: each cached request's `new_token_ids` are its
     tokens from its computed count, as many as it is scheduled beyond its drafts (a
-    decode: the token sampled last step; a chunk: the chunk's prompt tokens). A draft
-    accepted in the last step is not in it (pending: docs/runner-contract.md). Without
-    PP the list is empty (checked in every other test)."""
+    decode: the token sampled last step; a chunk: the chunk's prompt tokens), widened
+    with drafts to start `num_spec_tokens` earlier, so that a draft accepted in the last
+    step, which a non-last stage never saw, is in it. Without PP the list is empty
+    (checked in every other test)."""
     kwargs: dict[str, Any] = {"num_speculative_tokens": SPEC, "speculative_method": "ngram"} if drafts else {}
     scheduler = make(pipeline_parallel_size=2, max_num_seqs=4, max_num_batched_tokens=16, **kwargs)
     driver = drive(scheduler, accept=some_drafts_accepted)
