@@ -344,9 +344,11 @@ def _review(args: argparse.Namespace) -> int:
 
     if args.publish:
         _build_parser().error("--publish does not go with --review")
-    pin = Pin.parse(args.pin)
-    spec = SourceSpec.parse(args.source, args.index_url)
+    from .supported import project_spelling
+
     project = Project.default()
+    pin = project_spelling(project, Pin.parse(args.pin))  # the report folder is named by it
+    spec = SourceSpec.parse(args.source, args.index_url)
     source = Pin.parse(args.source_pin) if args.source_pin else None
     folder = args.report_dir or project.work_dir / f"review-v{pin}"
     result = review(pin, spec, project, write=args.write, source=source, report_dir=folder)

@@ -200,3 +200,17 @@ def test_the_review_takes_an_equal_spelling_of_a_known_pin_as_the_build_does(
     result = review(Pin.parse("1.1.0"), fork.spec(), fork.project, source=Pin.parse("1.0.0"))
     assert (str(result.new_pin), str(result.old_pin)) == ("1.1", "1.0")
     assert any("--pin 1.1.0 is vllm 1.1" in m for m in recorder.messages("info"))
+
+
+def test_the_review_report_folder_has_the_project_s_spelling(
+    fork: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``build.py --pin 1.1.0 --review`` writes work/review-v1.1, the folder of vllm 1.1,
+    never a second one for another spelling of it."""
+    from vllm_rbln_fork import cli
+    from vllm_rbln_fork.project import Project
+
+    lab(fork, tmp_path, "1.1")
+    monkeypatch.setattr(Project, "default", classmethod(lambda cls: fork.project))
+    assert cli.main(["--pin", "1.1.0", "--review", "--index-url", fork.index.url]) == 0
+    assert sorted(p.name for p in fork.project.work_dir.glob("review-v*")) == ["review-v1.1"]
