@@ -93,8 +93,11 @@ def _pin(repo: git.Repo) -> None:
 
 def _refuse_damaged(path: Path) -> None:
     """``path`` is missing or an empty directory (where a bare repo can be made), else a
-    :class:`ForkError` naming it and the way out."""
+    :class:`ForkError` naming it and the way out. A repo with a HEAD is not damaged: another
+    process may have renamed its new repo into place since the caller looked for HEAD."""
     if path.is_dir() and not any(path.iterdir()):
+        return
+    if (path / "HEAD").exists():
         return
     if path.exists() or path.is_symlink():
         raise ForkError(

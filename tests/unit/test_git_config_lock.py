@@ -75,3 +75,15 @@ def test_a_cache_repo_that_is_not_a_repo_is_an_error_naming_it_and_the_way_out(t
 
     shutil.rmtree(path)
     assert Repo(path).out("config", "rerere.enabled") == "true"
+
+
+def test_a_repo_another_process_made_meanwhile_is_not_called_damaged(tmp_path: Path) -> None:
+    """Repo() looks for HEAD, then (before its lock) refuses a non-empty folder without one.
+    Between the two another process may rename its new repo into place: what the refusal
+    then finds is a whole repo, and it must let it be (this test's two-process one failed
+    so under load: 'is there but is not a git repository (no HEAD)')."""
+    from vllm_rbln_fork.gitrepo import _refuse_damaged
+
+    made = Repo(tmp_path / "made.git")  # what the other process's rename leaves
+    _refuse_damaged(made.path)
+    assert Repo(made.path).git_dir == made.git_dir
