@@ -95,17 +95,26 @@ class Series:
         return digest.hexdigest()
 
 
-def parse_patch(name: str, data: bytes, path: str = "") -> Patch:
-    """Parse one ``git format-patch`` file; raise SeriesError naming it if it is not one."""
+def _utf8(data: bytes, where: str, way_out: str) -> str:
+    """``data`` as text; a byte that is not UTF-8 is a SeriesError naming ``where``, its line and
+    ``way_out``."""
     try:
-        text = data.decode("utf-8")
+        return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = data.count(b"\n", 0, exc.start) + 1
         raise SeriesError(
-            f"patches/{name}, line {line}: byte {data[exc.start]:#04x} is not UTF-8; a patch is "
-            f"UTF-8 text, as export writes it. Re-export it from its work tree ('python build.py "
-            f"export'), or restore it from git (git checkout -- patches/{name})."
+            f"{where}, line {line}: byte {data[exc.start]:#04x} is not UTF-8; {way_out}"
         ) from None
+
+
+def parse_patch(name: str, data: bytes, path: str = "") -> Patch:
+    """Parse one ``git format-patch`` file; raise SeriesError naming it if it is not one."""
+    text = _utf8(
+        data,
+        f"patches/{name}",
+        "a patch is UTF-8 text, as export writes it. Re-export it from its work tree ('python "
+        f"build.py export'), or restore it from git (git checkout -- patches/{name}).",
+    )
     if not text.startswith("From ") or "\ndiff --git " not in text:
         raise SeriesError(
             f"patches/{name} is not a git format-patch file (it must start with a 'From ' line "
@@ -184,16 +193,12 @@ def read_series_names(series_file: Path = SERIES_FILE) -> tuple[Pin, list[str]]:
         raise SeriesError(f"{series_file} does not exist. It lists the patches of the fork, one per line.")
     exported_against: Pin | None = None
     names: list[str] = []
-    data = series_file.read_bytes()
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        at = data.count(b"\n", 0, exc.start) + 1
-        raise SeriesError(
-            f"{series_file.name}, line {at}: byte "
-            f"{data[exc.start]:#04x} is not UTF-8; a series file is UTF-8 text, as export writes "
-            f"it. Fix that line, or restore the file from git (git checkout -- {series_file.name})."
-        ) from None
+    text = _utf8(
+        series_file.read_bytes(),
+        series_file.name,
+        "a series file is UTF-8 text, as export writes it. Fix that line, or restore the file "
+        f"from git (git checkout -- {series_file.name}).",
+    )
     for number, raw in enumerate(text.splitlines(), start=1):
         line = raw.strip()
         if match := EXPORTED_AGAINST.match(line):
