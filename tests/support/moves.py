@@ -19,6 +19,18 @@ CONFLICT = re.compile(r"<<<<<<< [^\n]*\n.*?>>>>>>> [^\n]*\n", re.S)
 RESOLVED = "    needed = 2 * prompt_tokens + 1\n"
 
 
+def per_pin_layout(fork: Any, pins_toml: str) -> None:
+    """Turn the fork's one series (exported on 1.0) into the per-pin layout: series/1.0, a test
+    lock, and ``pins_toml`` as the project's pins.toml."""
+    root = fork.project.root
+    series = fork.project.series_file.read_text()
+    fork.project.series_file.unlink()
+    (root / "series").mkdir()
+    (root / "series" / "1.0").write_text(series)
+    (root / "test.lock").write_text("pytest\n")
+    (root / "pins.toml").write_text(pins_toml)
+
+
 def resolve_by_hand(tree: Path) -> None:
     gate = tree / "vllm/core/gate.py"
     gate.write_text(CONFLICT.sub(RESOLVED, gate.read_text()))

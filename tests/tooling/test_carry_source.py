@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from moves import per_pin_layout
 
 from vllm_rbln_fork.errors import ForkError
 from vllm_rbln_fork.gitrepo import Repo
@@ -30,14 +31,8 @@ DEV = {
 def lab(fork: Any, tmp_path: Path, second: str) -> None:
     """The fork's series (on 1.0) in the per-pin layout, and a move to ``second`` made with
     the tool (checkout, export); both pins supported."""
-    root = fork.project.root
-    series = fork.project.series_file.read_text()
-    fork.project.series_file.unlink()
-    (root / "series").mkdir()
-    (root / "series" / "1.0").write_text(series)
-    (root / "test.lock").write_text("pytest\n")
-    pins = root / "pins.toml"
-    pins.write_text(f'[pin."1.0"]\ntest-lock = "test.lock"\n[pin."{second}"]\nstatus = "moving"\n')
+    per_pin_layout(fork, f'[pin."1.0"]\ntest-lock = "test.lock"\n[pin."{second}"]\nstatus = "moving"\n')
+    pins = fork.project.root / "pins.toml"
     export(checkout(Pin.parse(second), fork.spec(), fork.project, tmp_path / f"move-{second}"), fork.project)
     pins.write_text(f'[pin."1.0"]\ntest-lock = "test.lock"\n[pin."{second}"]\ntest-lock = "test.lock"\n')
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from moves import RESOLVED, move_by_hand
+from moves import RESOLVED, move_by_hand, per_pin_layout
 
 from vllm_rbln_fork.errors import SeriesError
 from vllm_rbln_fork.gitrepo import Repo
@@ -63,15 +63,7 @@ def test_a_resolution_recorded_at_one_pin_is_reused_at_the_next_on_a_fresh_machi
 
 def _per_pin_project(fork: Any) -> None:
     """Turn the fork's one series (on 1.0) into the per-pin layout with pins 1.0 and 1.3."""
-    root = fork.project.root
-    series = fork.project.series_file.read_text()
-    fork.project.series_file.unlink()
-    (root / "series").mkdir()
-    (root / "series" / "1.0").write_text(series)
-    (root / "test.lock").write_text("pytest\n")
-    (root / "pins.toml").write_text(
-        '[pin."1.0"]\ntest-lock = "test.lock"\n[pin."1.3"]\ntest-lock = "test.lock"\n'
-    )
+    per_pin_layout(fork, '[pin."1.0"]\ntest-lock = "test.lock"\n[pin."1.3"]\ntest-lock = "test.lock"\n')
 
 
 def test_each_supported_pin_builds_its_own_series_and_other_pins_carry_the_newest(fork: Any) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from moves import RESOLVED, resolve_by_hand
+from moves import RESOLVED, per_pin_layout, resolve_by_hand
 
 from vllm_rbln_fork.pins import Pin
 from vllm_rbln_fork.pipeline import build
@@ -40,13 +40,8 @@ def repo_fork(fork: Any, monkeypatch: pytest.MonkeyPatch, publish_release: Calla
     an index that has only 1.0."""
     for name, value in IDENTITY.items():
         monkeypatch.setenv(name, value)
+    per_pin_layout(fork, '# the supported pins\n[pin."1.0"]\ntest-lock = "test.lock"\n')
     root = fork.project.root
-    series = fork.project.series_file.read_text()
-    fork.project.series_file.unlink()
-    (root / "series").mkdir()
-    (root / "series" / "1.0").write_text(series)
-    (root / "test.lock").write_text("pytest\n")
-    (root / "pins.toml").write_text('# the supported pins\n[pin."1.0"]\ntest-lock = "test.lock"\n')
     (root / ".gitignore").write_text("/work/\n")
     _git(root, "init", "-q", "-b", "main")
     _git(root, "add", "-A")
