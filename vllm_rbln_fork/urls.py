@@ -11,13 +11,28 @@ import re
 # split it): a password holding a raw ``@`` (``user:p@ss@host``) is hidden whole.
 _USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^/?#\s]+)@")
 
+# A secret in the query string (``?token=...``, a signed URL's ``X-Amz-Signature=...``): the
+# value of a parameter whose name says it holds one. Other parameters stay: they tell which
+# file or page. Only parameters of a URL's query (after a ``?`` in a ``scheme://`` word) count.
+_SECRET_PARAM = re.compile(
+    r"(?P<name>[A-Za-z0-9_.-]*(?:token|secret|password|passwd|signature|credential|key|auth)"
+    r"[A-Za-z0-9_.-]*)=(?P<value>[^&#\s]*)",
+    re.IGNORECASE,
+)
+_URL_QUERY = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^?#\s]*\?)(?P<query>[^#\s]*)")
+
 
 def redact(text: str) -> str:
-    """``text`` with the credentials of every URL in it replaced by ``***``."""
+    """``text`` with the credentials of every URL in it (user info, secret query values)
+    replaced by ``***``."""
 
     def hide(match: re.Match[str]) -> str:
         user, sep, _secret = match["userinfo"].partition(":")
         shown = f"{user}:***" if sep else "***"
         return f"{match['scheme']}{shown}@"
 
-    return _USERINFO.sub(hide, text)
+    def hide_params(match: re.Match[str]) -> str:
+        query = _SECRET_PARAM.sub(lambda p: f"{p['name']}=***" if p["value"] else p[0], match["query"])
+        return f"{match['head']}{query}"
+
+    return _URL_QUERY.sub(hide_params, _USERINFO.sub(hide, text))

@@ -18,6 +18,18 @@ from vllm_rbln_fork.urls import redact
         ("http://user:p@ss@host:8080", "http://user:***@host:8080"),
         ("get http://u:a@b@h/x and http://v:c@h2/y", "get http://u:***@h/x and http://v:***@h2/y"),
         ("http://host/simple/ (user@example.com)", "http://host/simple/ (user@example.com)"),
+        # A secret in the query string goes; the other parameters tell which file it is.
+        ("https://host/v.whl?token=abc123", "https://host/v.whl?token=***"),
+        (
+            "https://host/v.whl?X-Amz-Credential=AK%2F1&X-Amz-Signature=f00d&name=v.whl#sha256=aa",
+            "https://host/v.whl?X-Amz-Credential=***&X-Amz-Signature=***&name=v.whl#sha256=aa",
+        ),
+        ("http://u:pw@host/x?access_token=s3cr3t&page=2", "http://u:***@host/x?access_token=***&page=2"),
+        (
+            "pip install vllm==0.31.0+rbln.1 (token=abc is no URL)",
+            "pip install vllm==0.31.0+rbln.1 (token=abc is no URL)",
+        ),
+        ("https://host/simple/?page=2&apikey=", "https://host/simple/?page=2&apikey="),
     ],
 )
 def test_the_whole_secret_is_hidden(text: str, shown: str) -> None:
