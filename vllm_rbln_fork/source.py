@@ -6,9 +6,11 @@ and devices, and checks its file name, top folder and PKG-INFO against the pin.
 
 from __future__ import annotations
 
+import base64
 import email.parser
 import os
 import shutil
+import urllib.parse
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -249,12 +251,36 @@ def copy_tree(src: Path, dest: Path) -> tuple[Path, int]:
     return dest, epoch
 
 
+def _credentials_off_the_command_line(url: str) -> tuple[str, dict[str, str]]:
+    """``url`` without its user info, and the environment that gives git the credentials.
+
+    A process's arguments can be read by every user of the machine (``ps``); its environment
+    only by its owner. So an http(s) URL's ``user:secret@`` goes to git as an Authorization
+    header in ``GIT_CONFIG_*`` (git 2.31+), never as an argument of ``git clone`` or of the
+    ``git remote-https`` it starts. Other schemes keep their URL: ssh takes a user name there,
+    and a key, not a secret, authenticates it."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or "@" not in parts.netloc:
+        return url, {}
+    userinfo, _, hostport = parts.netloc.rpartition("@")
+    user, _, secret = userinfo.partition(":")
+    basic = base64.b64encode(f"{urllib.parse.unquote(user)}:{urllib.parse.unquote(secret)}".encode()).decode()
+    n = int(os.environ.get("GIT_CONFIG_COUNT", "0"))  # after the user's own, if any
+    env = {
+        "GIT_CONFIG_COUNT": str(n + 1),
+        f"GIT_CONFIG_KEY_{n}": "http.extraHeader",
+        f"GIT_CONFIG_VALUE_{n}": f"Authorization: Basic {basic}",
+    }
+    return urllib.parse.urlunsplit(parts._replace(netloc=hostport)), env
+
+
 def clone_ref(url: str, ref: str, dest: Path) -> tuple[Path, int]:
     """Check out ``ref`` of ``url`` into ``dest`` (GitPython); the epoch is the commit's date."""
     import git
 
+    bare_url, auth_env = _credentials_off_the_command_line(url)
     try:
-        repo = git.Repo.clone_from(url, dest, no_checkout=True)
+        repo = git.Repo.clone_from(bare_url, dest, no_checkout=True, env=auth_env)
         repo.git.checkout(ref)
     except git.GitCommandError as exc:
         raise ForkError(f"cannot check out {ref!r} from {redact(url)}: {exc.stderr.strip()}") from None
