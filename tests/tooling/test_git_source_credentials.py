@@ -74,7 +74,7 @@ def test_the_secret_authenticates_the_clone_but_is_on_no_command_line(
     tree, _epoch = clone_ref(url, "v1", tmp_path / "clone")
 
     assert (tree / "setup.py").read_text() == "print('hello')\n"
-    assert seen and all(header.startswith("Basic ") for header in seen), seen
     commands = trace.read_text()
     assert "remote-http" in commands and "127.0.0.1" in commands  # the trace saw the fetch
     assert SECRET not in commands
+    assert seen and all(header.startswith("Basic ") for header in seen), seen  # sent up front
