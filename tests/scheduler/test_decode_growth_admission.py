@@ -84,7 +84,7 @@ def test_under_pp_the_gate_leaves_an_in_flight_decode_its_next_step() -> None:
     the decode's output came back.
 
     Shown failing first on the series without this fix (the reserve
-    reckoned from `num_tokens`): the prompt preempted once."""
+    reckoned from `num_tokens`): preemptions {'prompt': 1}."""
     scheduler = h.make_scheduler(
         num_blocks=5,
         max_model_len=256,
@@ -118,9 +118,9 @@ def test_under_priority_a_lower_priority_decodes_growth_keeps_nothing_back() -> 
     prompt of the decode's own priority still waits (it would be the
     victim).
 
-    Shown failing first on the series without this fix: the urgent prompt
-    waited for the decode to finish (first scheduled 7 steps after it
-    arrived)."""
+    Shown failing first on the series without this fix (the reserve
+    counting every decode): the step after the urgent prompt arrived went
+    to the decode."""
     for priority, admitted_at_once in ((0, True), (5, False)):
         scheduler = h.make_scheduler(
             num_blocks=5,
