@@ -187,7 +187,7 @@ def test_no_prompt_is_admitted_behind_a_full_decode_batch_into_its_growth() -> N
     driver = _full_decode_batch(num_blocks=13)
     driver.run(400)
     assert len(driver.finished) == 6
-    for req_id, count in driver.preemptions.items():
+    for req_id in driver.preemptions:
         preempted_at = next(i for i, s in enumerate(driver.steps) if req_id in s.preempted_req_ids)
         first_decode = _first_decode_step(driver, req_id)
         assert first_decode is not None and first_decode < preempted_at, (
