@@ -206,6 +206,31 @@ WORKLOADS: tuple[Workload, ...] = (
         connector=Connector(matched_tokens=10_000, is_async=True, load_steps=2),
     ),
     Workload(
+        name="full-prefix-hits",
+        what="prefix caching: a 33-token prompt, then 6 more of it (a hit of 32) while it decodes",
+        arrivals=(
+            Arrival("first", 33, 24, shared_prefix=33),
+            *(Arrival(f"hit-{i}", 33, 8, at_step=2 + 2 * i, shared_prefix=33) for i in range(6)),
+        ),
+        judged=(Figure.FINISHED, Figure.STEPS, Figure.STEPS_PER_TOKEN, Figure.TTFT, Figure.HIT_TOKENS),
+        prefix_caching=True,
+    ),
+    Workload(
+        name="full-prefix-hits-pp2",
+        what="full-prefix-hits at pipeline parallelism 2 (two batches in flight), max_num_seqs 8",
+        arrivals=(
+            Arrival("first", 33, 24, shared_prefix=33),
+            Arrival("other", 20, 24, seed=5),
+            *(Arrival(f"hit-{i}", 33, 8, at_step=4 + 2 * i, shared_prefix=33) for i in range(6)),
+        ),
+        judged=(Figure.FINISHED, Figure.STEPS, Figure.STEPS_PER_TOKEN, Figure.TTFT),
+        prefix_caching=True,
+        max_num_seqs=8,
+        pipeline_parallel_size=2,
+        max_in_flight=2,
+        max_steps=600,
+    ),
+    Workload(
         name="token-budget-used-by-decodes",
         what="8 ngram k=3 decodes use the whole 32-token budget; a prompt arrives at step 20",
         arrivals=(*_requests(8, 16, 40), Arrival("late", 16, 4, at_step=20, seed=77)),

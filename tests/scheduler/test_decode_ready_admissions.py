@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import pytest
 import sched_harness as h
 
 if TYPE_CHECKING:
@@ -112,6 +113,31 @@ def test_full_prefix_hits_join_the_decode_batch() -> None:
     h.assert_all_blocks_free(scheduler)
 
 
+def test_a_one_token_prompt_is_decode_ready_with_nothing_computed() -> None:
+    """A one-token prompt with no prefix hit has nothing in the KV cache before
+    its only token: 0 computed of 1, all but the last, which is a decode's
+    input by the runner contract's phase rule (docs/runner-contract.md, 1) and
+    by vllm-rbln 0.12.0's `is_prefill` (0 < 1 - 1 is false). It joins the
+    running decode's step, and takes its token every step to the end.
+
+    Checked for the review's question whether counting it decode-ready is
+    wrong (it is not: a step of its own would be a decode step by the same
+    rule). Shown failing against the join patch's hook made upstream's no-op
+    (`_should_admit_waiting` always True: the prompt took a step alone)."""
+    scheduler = h.make_scheduler(max_model_len=512)
+    driver = h.Driver(scheduler)
+    driver.add(h.named_request("a", 20, 10))
+    driver.step()  # a's prefill
+    driver.add(h.make_request("one", [7], 4))
+    record = driver.step()
+    assert record.num_computed_before == {"a": 20, "one": 0}
+    assert sorted(record.decode_req_ids) == ["a", "one"] and record.prefill_req_ids == []
+    driver.run(50)
+    assert driver.finished == {"a", "one"}
+    assert steps_per_output_token(driver, "one", 4) == 1.0
+    h.assert_all_blocks_free(scheduler)
+
+
 def test_a_prefill_behind_a_decode_ready_request_gets_the_next_step_alone() -> None:
     scheduler = h.make_scheduler(enable_prefix_caching=True, max_model_len=512)
     driver = h.Driver(scheduler)
@@ -127,21 +153,130 @@ def test_a_prefill_behind_a_decode_ready_request_gets_the_next_step_alone() -> N
 
 
 def test_the_gate_still_applies_to_a_decode_ready_admission() -> None:
-    """Two blocks free: a decode-ready request whose prompt, decode step and
-    lookahead need three more blocks is not admitted (the gate), and the
-    decodes still run; it joins once a decode has finished."""
+    """P/D decode side, ngram k=3 (lookahead 3), 8 usable blocks. Two decodes
+    run, f (10 tokens) and e (20, 14 to generate). x (42 tokens) arrives at
+    step 7; its remote load is admitted into 3 of the 4 free blocks (its gate
+    counted the fourth: 42 + 4 + 3 = 49 tokens) and lands. In step 8 e's next
+    token takes the last free block. x's decode step (41 computed + 4 + 3 =
+    48 slots) fits in the 3 blocks it holds, but its full sequence through
+    the first decode step does not: the admission gate keeps it waiting, and
+    f and e decode without it, every step until e finishes. Then x joins f's
+    decode batch (not a step of its own), and nothing is ever preempted.
+
+    Without the gate (`scheduler_reserve_full_isl` off) x joins in step 8 and
+    is preempted in step 9. Shown failing first against the join patch's hook
+    made upstream's no-op (`_should_admit_waiting` always True: x took step
+    8 alone, admitted before e's token took the block, while f and e
+    waited), and with the gate off (x joined in step 8). The test it
+    replaces passed without the join patch: its request was stopped by the
+    async-load admission, never reaching a decode-ready admission."""
+    from vllm.v1.request import RequestStatus
+
     scheduler = pd_decode_side(
-        num_blocks=6, num_speculative_tokens=h.NUM_SPEC_TOKENS, speculative_method="ngram"
+        num_blocks=9, num_speculative_tokens=h.NUM_SPEC_TOKENS, speculative_method="ngram"
     )
     driver = h.Driver(scheduler, async_load_steps=1)
-    driver.add(h.named_request("d", 20, 6))
-    while not driver.steps or not driver.steps[-1].decode_req_ids:
+    driver.add(h.named_request("f", 10, 40))
+    driver.add(h.named_request("e", 20, 14))
+    for _ in range(7):
         driver.step()
-    driver.add(h.named_request("big", 60, 3))
+    driver.add(h.named_request("x", 42, 3))
     record = driver.step()
-    assert record.decode_req_ids == ["d"]
-    assert "big" not in record.num_scheduled_tokens
+    assert scheduler.requests["x"].status == RequestStatus.WAITING_FOR_REMOTE_KVS
+    assert h.blocks_held(scheduler, "x") == 3 and record.num_free_blocks_after == 1
+    refused = 0
+    while "e" not in driver.finished:
+        record = driver.step()
+        assert sorted(record.decode_req_ids) == ["e", "f"], record
+        assert scheduler.requests["x"].num_computed_tokens == 41
+        refused += 1
+    assert refused >= 5
+    record = driver.step()
+    assert sorted(record.decode_req_ids) == ["f", "x"]
     driver.run(60)
-    assert driver.finished == {"d", "big"}
+    assert driver.finished == {"e", "f", "x"}
+    assert driver.preemptions == {}
+    h.assert_all_blocks_free(scheduler)
+
+
+def _start_decodes_at_pp2(driver: h.Driver, names: tuple[str, ...]) -> None:
+    """Step the batch queue until every named request has sampled a token."""
+    scheduler = driver.scheduler
+    while any(scheduler.requests[name].num_output_tokens == 0 for name in names):
+        driver.step_with_batch_queue()
+        assert len(driver.steps) < 40
+
+
+def test_a_full_prefix_hit_counts_in_the_pp_decode_demand() -> None:
+    """pp 2, max_num_seqs 8 (4 a microbatch): two decodes, a and b, run one a
+    microbatch (their demand, 2, over pp). A request with a's prompt arrives
+    (a full prefix hit: one token left) and is decode demand too: it joins a
+    microbatch at once (ceil(3 / 2) = 2: a or b with it), and finishes its 4
+    tokens long before a and b, not waiting behind a cap of 1 that a and b
+    fill every step until one of them finishes (issue 21, gap 5a's demand).
+
+    Shown failing first on 0.31.0+rbln.15 (the demand without it: arrived
+    before step 3, first scheduled in step 80, once a had finished)."""
+    scheduler = h.make_scheduler(
+        enable_prefix_caching=True, max_model_len=512, max_num_seqs=8, pipeline_parallel_size=2
+    )
+    driver = h.Driver(scheduler, max_in_flight=2)
+    prompt = h.distinct_prompt(11, 33)
+    driver.add(h.make_request("a", prompt, 40))
+    driver.add(h.named_request("b", 20, 40))
+    _start_decodes_at_pp2(driver, ("a", "b"))
+    arrival = len(driver.steps)
+    driver.add(h.make_request("hit", prompt, 4))
+    driver.run(300)
+    assert driver.finished == {"a", "b", "hit"}
+    scheduled = [i for i, step in enumerate(driver.steps) if "hit" in step.num_scheduled_tokens]
+    first = driver.steps[scheduled[0]]
+    assert first.num_computed_before["hit"] == 32
+    assert scheduled[0] - arrival <= 1, f"arrived before step {arrival}, first scheduled {scheduled[0]}"
+    assert "hit" in first.decode_req_ids and len(first.decode_req_ids) == 2
+    assert max(len(step.num_scheduled_tokens) for step in driver.steps) <= 2
+    h.assert_all_blocks_free(scheduler)
+
+
+@pytest.mark.parametrize("pipeline_parallel_size", [1, 2], ids=["pp1", "pp2-batch-full"])
+def test_an_arrival_behind_a_landed_request_starts_its_load_in_the_same_step(
+    pipeline_parallel_size: int,
+) -> None:
+    """P/D decode side: a request whose remote KV has landed joins the
+    decodes' step, and a request that arrived behind it starts its own remote
+    load in that step (its admission computes nothing, so it does not take a
+    place in the batch), not a step later. At pp 2 (max_num_seqs 4, vLLM's
+    batch queue) the landed request fills its microbatch alone (the decode
+    demand is 2: a cap of 1, the running decode being in flight in the
+    other); the load starts all the same.
+
+    Shown failing first on 0.31.0+rbln.15, whose decode-step waiting pass
+    admitted decode-ready requests only (the load started a step later)."""
+    from vllm.v1.request import RequestStatus
+
+    scheduler = pd_decode_side(max_num_seqs=4, pipeline_parallel_size=pipeline_parallel_size)
+    driver = h.Driver(scheduler, async_load_steps=2, max_in_flight=pipeline_parallel_size)
+
+    def step() -> h.StepRecord:
+        while True:
+            record = driver.step() if pipeline_parallel_size == 1 else driver.step_with_batch_queue()
+            if record is not None:
+                return record
+
+    driver.add(h.named_request("d", 33, 40))
+    while "d" not in step().decode_req_ids:
+        pass
+    driver.add(h.named_request("landed", 30, 4))
+    while "landed" not in scheduler.finished_recving_kv_req_ids:
+        step()
+    driver.add(h.named_request("new", 30, 4))
+    record = step()
+    if pipeline_parallel_size == 1:
+        assert sorted(record.decode_req_ids) == ["d", "landed"]
+    else:
+        assert record.decode_req_ids == ["landed"]
+    assert scheduler.requests["new"].status == RequestStatus.WAITING_FOR_REMOTE_KVS
+    driver.run(200)
+    assert driver.finished == {"d", "landed", "new"}
     assert driver.preemptions == {}
     h.assert_all_blocks_free(scheduler)
