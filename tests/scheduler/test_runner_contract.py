@@ -49,8 +49,10 @@ class ContractRunner:
     cached_after_a_gap: int = 0
     copies: int = 0
     payloads: int = 0
-    payloads_after_accepted_drafts: int = 0
-    _accepted: dict[str, int] = field(default_factory=dict)
+    # A non-last pipeline stage's copy of each request's tokens, and by how many tokens it
+    # was short of a step's input when the step's payload came (section 4).
+    stage: dict[str, list[int]] = field(default_factory=dict)
+    stage_lags: dict[str, set[int]] = field(default_factory=dict)
 
     def read(self, output: Any) -> None:
         from vllm.v1.core.sched.output import SchedulerOutput
@@ -113,21 +115,36 @@ class ContractRunner:
             assert copy.dst_block_id == table[hit // BLOCK]
             assert copy.src_block_id not in table
 
-        # 4. What a non-last pipeline stage is sent.
+        # 4. What a non-last pipeline stage is sent. The stage keeps its own copy of each
+        # request's tokens, from what it is sent alone: a new request's prompt, the whole list
+        # of a request that sat out the last step (`all_token_ids`), and each payload, which
+        # ends at the step's last token beyond the drafts (its "tip"). The stage never sees the
+        # sampled tokens nor which drafts were accepted: it must be able to extend its copy to
+        # the tip from the payload, and the copy must then be the request's real tokens.
         cached = output.scheduled_cached_reqs
         if scheduler.use_pp and not scheduler.scheduler_config.async_scheduling:
             assert len(cached.new_token_ids) == len(cached.req_ids)
+            for data in output.scheduled_new_reqs:
+                self.stage[data.req_id] = list(data.prompt_token_ids)
             for i, req_id in enumerate(cached.req_ids):
                 request = scheduler.requests[req_id]
-                start = cached.num_computed_tokens[i]
-                # From `num_spec_tokens` before the computed count: a non-last stage
-                # never sees the accepted drafts, so its copy lags by up to that many.
-                lag = scheduler.num_spec_tokens
-                expected = request.all_token_ids[max(0, start - lag) : start + base[req_id]]
-                assert cached.new_token_ids[i] == expected
+                if req_id in cached.all_token_ids:
+                    self.stage[req_id] = list(cached.all_token_ids[req_id])
+                copy = self.stage[req_id]
+                payload = list(cached.new_token_ids[i])
+                tip = cached.num_computed_tokens[i] + base[req_id]
+                behind = tip - len(copy)
+                if behind > 0:
+                    assert len(payload) >= behind, (
+                        f"{req_id}: the stage's copy is {behind} tokens short of the step's input, "
+                        f"and it is sent {len(payload)}"
+                    )
+                    copy.extend(payload[len(payload) - behind :])
+                    self.stage_lags.setdefault(req_id, set()).add(behind)
+                assert copy[:tip] == request.all_token_ids[:tip], (
+                    f"{req_id}: the stage computes on other tokens"
+                )
                 self.payloads += 1
-                if self._accepted.get(req_id):
-                    self.payloads_after_accepted_drafts += 1
         else:
             assert cached.new_token_ids == []
 
@@ -135,9 +152,6 @@ class ContractRunner:
             self.preempted.add(req_id)
             self.tables.pop(req_id, None)
         self.last_step = set(scheduled)
-
-    def accepted(self, req_id: str, num_accepted: int) -> None:
-        self._accepted[req_id] = num_accepted
 
     def _check_lists(self, output: Any) -> None:
         new_ids = [data.req_id for data in output.scheduled_new_reqs]
@@ -206,9 +220,7 @@ def drive(scheduler: Any, accept: Callable[[str, int], int] | None = None, **kwa
     runner = ContractRunner(scheduler)
 
     def accepting(req_id: str, num_drafts: int) -> int:
-        num = 0 if accept is None else min(accept(req_id, num_drafts), num_drafts)
-        runner.accepted(req_id, num)
-        return num
+        return 0 if accept is None else min(accept(req_id, num_drafts), num_drafts)
 
     driver = ContractDriver(scheduler, accept=accepting, **kwargs)
     driver.runner = runner
@@ -372,11 +384,21 @@ def test_sub_block_copies_are_in_kv_cache_block_copies(sub_block_size: int) -> N
 
 @pytest.mark.parametrize("drafts", [False, True], ids=["no-drafts", "ngram"])
 def test_a_non_last_stage_gets_the_base_tokens(drafts: bool) -> None:
-    """Pipeline parallel, sync scheduling: each cached request's `new_token_ids` are its
-    tokens from its computed count, as many as it is scheduled beyond its drafts (a
-    decode: the token sampled last step; a chunk: the chunk's prompt tokens), widened
-    with drafts to start `num_spec_tokens` earlier, so that a draft accepted in the last
-    step, which a non-last stage never saw, is in it. Without PP the list is empty
+    """Pipeline parallel 2, sync scheduling, 16-token chunks: a non-last stage, which builds
+    its copy of every request's tokens from the scheduler's output alone (the contract
+    runner's section 4), always has the real tokens of each step's input.
+
+    How far behind its copy is when a decode step comes is the scenario's: without drafts
+    one token (the one sampled last step). With ngram k=3, request ppN has N of its 3
+    drafts accepted every step (`some_drafts_accepted`), and every decode step follows a
+    step with drafts, so the stage is N + 1 tokens short (the accepted drafts and the
+    sampled token): pp0 1, pp1 2, pp2 3, pp3 4, and the payload must reach back that far (a
+    request back from a step it sat out, as after the prompts' own steps, is sent its whole
+    list in `all_token_ids` instead, and is not short). Upstream's
+    payload (from the computed count, a token a step) leaves the stage short: shown failing
+    first with the override of `_make_cached_request_data` (patch "Send a non-last pipeline
+    stage the tokens it may lag by under spec decoding") taken out (pp1: the stage's copy
+    is 2 tokens short of the step's input, and it is sent 1). Without PP the list is empty
     (checked in every other test)."""
     kwargs: dict[str, Any] = {"num_speculative_tokens": SPEC, "speculative_method": "ngram"} if drafts else {}
     scheduler = make(pipeline_parallel_size=2, max_num_seqs=4, max_num_batched_tokens=16, **kwargs)
@@ -388,5 +410,8 @@ def test_a_non_last_stage_gets_the_base_tokens(drafts: bool) -> None:
     runner = driver.runner
     assert runner.payloads > 10
     if drafts:
-        assert runner.payloads_after_accepted_drafts > 0
+        assert [some_drafts_accepted(f"pp{i}", SPEC) for i in range(4)] == [0, 1, 2, 3]
+        assert runner.stage_lags == {"pp0": {1}, "pp1": {2}, "pp2": {3}, "pp3": {4}}
+    else:
+        assert runner.stage_lags == {f"pp{i}": {1} for i in range(4)}
     h.assert_all_blocks_free(scheduler)
