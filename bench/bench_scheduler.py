@@ -140,12 +140,17 @@ def _cost_scheduler(rbln: bool, config: CostConfig) -> Scheduler:
         scheduler_cls = h.rbln_scheduler_factory(settings)
     elif config.sub_block_size is not None and config.same_hashing:
         scheduler_cls = functools.partial(UpstreamScheduler, hash_block_size=config.sub_block_size)
+    # Sub-block caching needs block >= prefill chunk >= sub-block (vllm-rbln's
+    # rule), and a decode step of 32 requests 32 tokens: chunks of 32 in
+    # blocks of 32 (twice the blocks held), the sub-block below the chunk on a
+    # platform that declares it can (sched_harness.chunks_may_cross_kv_blocks).
+    sub_blocks = config.sub_block_size is not None
     scheduler = create_scheduler(
         scheduler_cls=scheduler_cls,
-        block_size=16,
+        block_size=32 if sub_blocks else 16,
         num_blocks=32 * config.blocks_per_request + 1,
         max_num_seqs=32,
-        max_num_batched_tokens=512,
+        max_num_batched_tokens=32 if sub_blocks else 512,
         max_model_len=1024,
         enable_prefix_caching=config.sub_block_size is not None,
         scheduling_policy=config.policy,

@@ -60,7 +60,8 @@ def run(sub_block_size: int | None, groups: list[list[list[int]]]) -> tuple[int,
         scheduler_cls=h.rbln_scheduler_factory(settings),  # type: ignore[arg-type]
         block_size=h.BLOCK_SIZE,
         num_blocks=4096,
-        max_num_batched_tokens=256,
+        # At most the block (vllm-rbln's rule: block >= prefill chunk >= sub-block).
+        max_num_batched_tokens=h.BLOCK_SIZE,
         max_model_len=1024,
         enable_prefix_caching=True,
     )

@@ -1,13 +1,17 @@
 """Case 2: sub-block prefix hits in the engine, with the worker's copy-on-write copies.
 
 Each later prompt extends an earlier one to a point inside a KV block (block 32, earlier
-prompts of 88 tokens = 2 blocks + 3 sub-blocks of 8). Whole-block caching can reuse 64
-tokens of it; sub-block caching reuses what the earlier prompt's partial entry covers, by
-copying the partial block before the new request writes into it: all 88 at 0.31.0, 80 from
-0.32.0, whose upstream rule caches a prompt ending on a sub-block boundary one sub-block
-shorter (``tests/support/upstream_rules.py``). More hits, and the same tokens: if the
+prompts of 88 tokens = 2 blocks + 1 sub-block of 16 + 8 tokens). Whole-block caching can
+reuse 64 tokens of it; sub-block caching reuses what the earlier prompt's partial entry
+covers, 80 tokens at every pin (``tests/support/upstream_rules.py``), by copying the partial
+block before the new request writes into it. More hits, and the same tokens: if the
 worker's copy were not made (or made wrong), the extending requests would attend to the
 wrong KV and their greedy outputs would differ.
+
+The sub-block is the prefill chunk (16 tokens, ``max_num_batched_tokens``), vllm-rbln's
+default and the only size below the block that a platform answering no to
+``supports_prefill_chunk_across_kv_blocks()`` (the CPU platform here) takes. The
+whole-block run has the same chunk, with sub-block caching switched off.
 
 The first three extensions are sent after their earlier prompt finished. There, a missing
 copy-on-write in the scheduler (the extension writing straight into the earlier prompt's
@@ -45,9 +49,12 @@ RUNNING = words(EARLIER_LEN)
 HITTING = RUNNING + words(30)
 PROMPTS = [*SEQUENTIAL, RUNNING, HITTING]
 BATCHES = [1] * len(SEQUENTIAL) + [2]
-COMMON = dict(scheduler_cls=RBLN, speculative_config=NGRAM, enable_prefix_caching=True)
-SUB_BLOCK = 8
-SUB_BLOCKS = {"enable_sub_block_cache": True, "sub_block_size": SUB_BLOCK}
+SUB_BLOCK = 16
+COMMON = dict(
+    scheduler_cls=RBLN, speculative_config=NGRAM, enable_prefix_caching=True, max_num_batched_tokens=SUB_BLOCK
+)
+SUB_BLOCKS = {"sub_block_size": SUB_BLOCK}
+WHOLE_BLOCKS = {"enable_sub_block_cache": False}
 # Each earlier prompt decodes 8 tokens: its KV ends at token 95, so its third block never
 # fills and keeps its partial entry. Whole blocks: 64 tokens of it.
 WHOLE_HIT = EARLIER_LEN // BLOCK * BLOCK
@@ -60,7 +67,7 @@ def no_cow(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_sub_block_hits_raise_the_hit_count_and_keep_the_tokens(model: Path, no_cow: Path) -> None:
-    whole = run(model, PROMPTS, 8, batches=BATCHES, **COMMON)
+    whole = run(model, PROMPTS, 8, batches=BATCHES, **COMMON, additional_config=WHOLE_BLOCKS)
     sub = run(model, PROMPTS, 8, batches=BATCHES, **COMMON, additional_config=SUB_BLOCKS)
 
     assert sub.tokens == whole.tokens, first_difference(whole.tokens, sub.tokens)
@@ -68,7 +75,7 @@ def test_sub_block_hits_raise_the_hit_count_and_keep_the_tokens(model: Path, no_
     # Four extensions, each hitting its earlier prompt: whole blocks, or up to its partial entry.
     # (Read here, not at import: outside the engine venv there is no vllm, and the session
     # fixture says how to run the tier.)
-    SUB_HIT = partial_entry_tokens(EARLIER_LEN, SUB_BLOCK)  # 88 at 0.31.0, 80 from 0.32.0
+    SUB_HIT = partial_entry_tokens(EARLIER_LEN, SUB_BLOCK)  # 80 at every pin
     assert SUB_HIT > WHOLE_HIT and SUB_HIT % BLOCK, "the hits must end inside a block"
     assert whole_hits == 4 * WHOLE_HIT, whole.metrics
     assert sub_hits == 4 * SUB_HIT, sub.metrics

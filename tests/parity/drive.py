@@ -23,8 +23,10 @@ source tree and stepped by one simulated runner, ``tests/scheduler/sched_harness
 vllm-rbln checks a sub-block size below the prefill chunk against ``current_platform.is_cr13()``
 (the REBEL CR13 device); vLLM's CPU platform has no such method. The sub-block workloads stand
 for a CR13 device, and say so: ``CR13CpuPlatform`` below is vLLM's CPU platform declaring that
-one capability, installed as the current platform before vllm_rbln is imported. It decides
-nothing about scheduling.
+one capability, installed as the current platform before vllm_rbln is imported. Ours asks the
+platform the same question as ``supports_prefill_chunk_across_kv_blocks()``, which
+``sched_harness.rbln_scheduler_factory`` answers yes while it builds the scheduler
+(``chunks_may_cross_kv_blocks``). Neither decides anything about scheduling.
 """
 
 from __future__ import annotations

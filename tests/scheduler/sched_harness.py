@@ -21,7 +21,8 @@ import importlib.util
 import json
 import sys
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -510,16 +511,54 @@ def sub_block_settings(
     }
 
 
-def rbln_scheduler_factory(additional_config: dict[str, Any] | None = None) -> Callable[..., Scheduler]:
+@contextmanager
+def chunks_may_cross_kv_blocks() -> Iterator[None]:
+    """vLLM's current platform (the CPU platform here) declaring that its
+    device can prefill a chunk across KV blocks
+    (`Platform.supports_prefill_chunk_across_kv_blocks()`), as vllm-rbln lets
+    only a REBEL CR13 do. The RBLN scheduler asks it once, at construction,
+    before it takes a `sub_block_size` below the prefill chunk."""
+    import vllm.platforms as platforms
+
+    base = type(platforms.current_platform)
+    declared = type(
+        f"{base.__name__}ChunksCrossKVBlocks",
+        (base,),
+        {"supports_prefill_chunk_across_kv_blocks": classmethod(lambda cls: True)},
+    )
+    previous = platforms._current_platform
+    platforms._current_platform = declared()
+    try:
+        yield
+    finally:
+        platforms._current_platform = previous
+
+
+def rbln_scheduler_factory(
+    additional_config: object = None, *, chunks_cross_kv_blocks: bool = True
+) -> Callable[..., Scheduler]:
     """`scheduler_cls` for `create_scheduler`: the RBLN scheduler, built on the
     harness's `VllmConfig` with `additional_config` set (the harness has no
-    parameter for the platform's settings)."""
+    parameter for the platform's settings; a dict is copied, a platform's own
+    object passed as it is).
+
+    `chunks_cross_kv_blocks`: built on a platform that declares its device can
+    prefill a chunk across KV blocks (`chunks_may_cross_kv_blocks`), so that
+    the tier's sub-blocks below the prefill chunk (the livelock matrix's 4 and
+    8 under chunks of 16) stand for such a device, as the parity tier's
+    vllm-rbln side stands for a CR13; False: the plain platform, which
+    cannot."""
     cls = _rbln_scheduler_cls()
 
     def make(*, vllm_config: Any, **kwargs: Any) -> Scheduler:
-        if additional_config is not None:
+        if isinstance(additional_config, dict):
             vllm_config.additional_config = dict(additional_config)
-        return cls(vllm_config=vllm_config, **kwargs)
+        elif additional_config is not None:
+            vllm_config.additional_config = additional_config
+        if not chunks_cross_kv_blocks:
+            return cls(vllm_config=vllm_config, **kwargs)
+        with chunks_may_cross_kv_blocks():
+            return cls(vllm_config=vllm_config, **kwargs)
 
     return make
 

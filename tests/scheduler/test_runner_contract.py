@@ -363,7 +363,7 @@ def test_sub_block_copies_are_in_kv_cache_block_copies(sub_block_size: int) -> N
         scheduler_cls=h.rbln_scheduler_factory(h.sub_block_settings(sub_block_size)),  # type: ignore[arg-type]
         block_size=BLOCK,
         num_blocks=40,
-        max_num_batched_tokens=64,
+        max_num_batched_tokens=16,
         max_model_len=256,
         enable_prefix_caching=True,
         use_v2_model_runner=False,

@@ -10,7 +10,10 @@ tail block is copied to a private block before B writes to it
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,8 +21,10 @@ import sched_harness as h
 from upstream_rules import partial_entry_tokens
 
 BLOCK = h.BLOCK_SIZE  # 16
-# Large enough that a prompt prefills in one step.
-CHUNK = 64
+# The prefill chunk: at most the block (vllm-rbln's rule, block >= chunk >=
+# sub-block). Sub-blocks of 4 and 8 are below it, which the harness's
+# platform declares its device can take (`h.chunks_may_cross_kv_blocks`).
+CHUNK = 16
 
 
 def make_scheduler(
@@ -69,7 +74,7 @@ def run_shared_prefix(
     a_prompt = prompt(first_len, seed=1)
     driver.add(h.make_request("A", a_prompt, max_tokens=1 if not a_running else 8, hash_block_size=hash_size))
     if a_running:
-        driver.step()  # A's prefill; A keeps running (decoding)
+        prefill_steps(driver, "A", first_len)  # A keeps running (decoding)
         assert "A" not in driver.finished
     else:
         driver.run(10, until=["A"])
@@ -78,8 +83,15 @@ def run_shared_prefix(
     driver.add(h.make_request("B", b_prompt, max_tokens=2, hash_block_size=hash_size))
     record = driver.step()
     assert "B" in record.prefill_req_ids
-    hit = second_len - record.num_scheduled_tokens["B"]
+    hit = record.num_computed_before["B"]
     return scheduler, driver, record, hit
+
+
+def prefill_steps(driver: h.Driver, req_id: str, prompt_len: int) -> None:
+    """Step until `req_id`'s prompt is prefilled (chunks of CHUNK tokens)."""
+    for _ in range(-(-prompt_len // CHUNK)):
+        driver.step()
+    assert driver.scheduler.requests[req_id].num_computed_tokens >= prompt_len
 
 
 def extends_a(sub_block_size: int, first_len: int, second_len: int) -> tuple[int, int, int, int, int, bool]:
@@ -171,7 +183,7 @@ def test_gate_counts_the_copy_on_write_block() -> None:
     driver = h.Driver(scheduler)
     a_prompt = prompt(26, seed=1)
     driver.add(h.make_request("A", a_prompt, max_tokens=30, hash_block_size=4))
-    driver.step()
+    prefill_steps(driver, "A", 26)
     manager = scheduler.kv_cache_manager
     b = h.make_request("B", a_prompt + prompt(14, seed=2), max_tokens=2, hash_block_size=4)
     blocks, num_hit, _ = manager.get_computed_blocks(b)
@@ -197,52 +209,190 @@ def test_gate_counts_the_copy_on_write_block() -> None:
     assert free >= 2
 
 
-def test_sub_block_size_none_takes_the_prefill_chunk() -> None:
-    scheduler = make_scheduler({"enable_sub_block_cache": True, "sub_block_size": None}, chunk=8)
+# --- The configuration: vllm-rbln 0.12.0's rules (docs/sub-block-cache.md).
+
+
+def assert_sub_blocks(scheduler: Any, size: int) -> None:
     assert scheduler.sub_block_cache.enabled
-    assert scheduler.sub_block_cache.sub_block_size == 8
-    assert scheduler.hash_block_size == 8
+    assert scheduler.sub_block_cache.sub_block_size == size
+    assert scheduler.hash_block_size == size
     assert scheduler.kv_cache_manager.coordinator.enable_partial_hash_hits
 
 
-def test_sub_block_cache_off_is_upstream_whole_block_caching() -> None:
-    scheduler = make_scheduler({"enable_sub_block_cache": False, "sub_block_size": 4})
+def assert_whole_blocks(scheduler: Any) -> None:
     assert not scheduler.sub_block_cache.enabled
     assert scheduler.hash_block_size == BLOCK
     assert not scheduler.kv_cache_manager.coordinator.enable_partial_hash_hits
-    # Upstream's own scheduler with the same harness: whole-block hashing.
-    from tests.v1.core.utils import create_scheduler
-
-    upstream = create_scheduler(block_size=BLOCK, enable_prefix_caching=True)
-    assert upstream.hash_block_size == BLOCK
-    assert not upstream.kv_cache_manager.coordinator.enable_partial_hash_hits
 
 
 @pytest.mark.parametrize(
-    ("settings", "message"),
+    "settings",
+    [None, {}, {"enable_sub_block_cache": True}, {"sub_block_size": None}],
+    ids=["untouched", "empty", "switch-only", "size-none"],
+)
+def test_on_by_default_at_the_prefill_chunk(settings: dict[str, Any] | None) -> None:
+    """Prefix caching on and a block larger than the prefill chunk: sub-block
+    caching is on at the chunk, with no setting at all (vllm-rbln's default).
+    Shown failing before the rules: `untouched`, `empty` and `size-none`
+    resolved to whole blocks (the switch defaulted to off)."""
+    assert_sub_blocks(make_scheduler(settings, chunk=8), 8)
+
+
+@pytest.mark.parametrize(
+    ("chunk", "prefix_caching", "switch"),
+    [(16, True, True), (64, True, True), (8, False, True), (8, True, False)],
+    ids=["chunk-equals-block", "chunk-above-block", "no-prefix-caching", "switched-off"],
+)
+def test_the_default_stays_with_whole_blocks_where_it_does_not_fit(
+    chunk: int, prefix_caching: bool, switch: bool
+) -> None:
+    """Without a `sub_block_size`, a configuration the chunk does not fit
+    runs with whole blocks and no error: a run that never asked for
+    sub-blocks never fails over them. Shown failing before the rules:
+    `chunk-above-block` was refused ("takes the prefill chunk size ...
+    exceeds") with `enable_sub_block_cache` on."""
+    scheduler = make_scheduler({"enable_sub_block_cache": switch}, chunk=chunk, prefix_caching=prefix_caching)
+    assert_whole_blocks(scheduler)
+
+
+@pytest.mark.parametrize(
+    ("size", "chunk", "message"),
     [
-        ({"enable_sub_block_cache": True, "sub_block_size": 6}, "does not divide the KV block size (16)"),
-        ({"enable_sub_block_cache": True, "sub_block_size": 32}, "exceeds the KV block size (16)"),
-        ({"enable_sub_block_cache": True, "sub_block_size": 0}, "not a positive number"),
-        (
-            {"enable_sub_block_cache": True},
-            "takes the prefill chunk size (max_num_batched_tokens=64), exceeds",
-        ),
+        # Rule 1: block >= chunk >= sub-block.
+        (8, 64, "needs block_size >= max_num_batched_tokens >= sub_block_size, got 16 >= 64 >= 8"),
+        (16, 8, "got 16 >= 8 >= 16"),
+        (32, 16, "got 16 >= 16 >= 32"),
+        # Rule 2: smaller than the block, and a divisor of it.
+        (16, 16, "smaller than the KV block size (16) that divides it, got 16"),
+        (6, 8, "that divides it, got 6"),
+        # Neither a size nor a number.
+        (0, 16, "sub_block_size=0 is not a positive number of tokens"),
+        (True, 16, "sub_block_size=True is not a positive number of tokens"),
     ],
 )
-def test_bad_sub_block_sizes_are_refused(settings: dict[str, Any], message: str) -> None:
+def test_a_size_outside_the_rules_is_refused(size: Any, chunk: int, message: str) -> None:
+    """A size given is used or refused, naming the rule and the way out.
+    Shown failing before the rules: 8 with chunk 64 and 16 with chunk 16
+    (and 16 with chunk 8) were accepted."""
     from vllm.v1.core.sched.rbln_sub_block import SubBlockCacheConfigError
 
     with pytest.raises(SubBlockCacheConfigError) as error:
-        make_scheduler(settings)
+        make_scheduler({"sub_block_size": size}, chunk=chunk)
+    assert message in str(error.value)
+    if size and size is not True:
+        assert f"sub_block_size={size}:" in str(error.value)
+        assert "turn sub-block caching off (enable_sub_block_cache=False)" in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("settings", "prefix_caching", "off"),
+    [
+        ({"enable_sub_block_cache": False, "sub_block_size": 4}, True, "enable_sub_block_cache"),
+        ({"sub_block_size": 4}, False, "enable_prefix_caching"),
+    ],
+)
+def test_a_size_with_sub_block_caching_off_is_refused(
+    settings: dict[str, Any], prefix_caching: bool, off: str
+) -> None:
+    """Shown failing before the rules: with the switch off the size was
+    dropped without a word."""
+    from vllm.v1.core.sched.rbln_sub_block import SubBlockCacheConfigError
+
+    with pytest.raises(SubBlockCacheConfigError) as error:
+        make_scheduler(settings, prefix_caching=prefix_caching)
+    message = f"sub_block_size=4 asks for sub-block prefix caching, and {off}=False turns it off"
     assert message in str(error.value)
 
 
-def test_sub_block_cache_needs_prefix_caching() -> None:
+def test_a_sub_block_below_the_chunk_needs_the_platform_to_say_yes() -> None:
+    """Rule 4: a sub-block below the prefill chunk lets the next chunk start
+    inside a KV block and write into two. The CPU platform's answer
+    (`supports_prefill_chunk_across_kv_blocks()`, vLLM's default) is no:
+    refused, naming the platform and the way out; the same settings on a
+    platform that says yes run. The size equal to the chunk needs no
+    answer. Shown failing before the rules (and the hook): accepted on any
+    platform."""
     from vllm.v1.core.sched.rbln_sub_block import SubBlockCacheConfigError
 
-    with pytest.raises(SubBlockCacheConfigError, match="needs prefix caching"):
-        make_scheduler(h.sub_block_settings(4), prefix_caching=False)
+    plain = h.rbln_scheduler_factory({"sub_block_size": 4}, chunks_cross_kv_blocks=False)
+    with pytest.raises(SubBlockCacheConfigError) as error:
+        make_scheduler_with(plain)
+    message = str(error.value)
+    assert "sub_block_size=4: a sub_block_size below max_num_batched_tokens=16" in message
+    assert "supports_prefill_chunk_across_kv_blocks() is False" in message
+    assert "set sub_block_size=16 (the prefill chunk), or leave it unset" in message
+    assert_sub_blocks(make_scheduler({"sub_block_size": 4}), 4)
+    equal = h.rbln_scheduler_factory({"sub_block_size": 8}, chunks_cross_kv_blocks=False)
+    assert_sub_blocks(make_scheduler_with(equal, chunk=8), 8)
+
+
+def test_the_platform_hook_defaults_to_no() -> None:
+    """vLLM's `Platform` answers no unless a platform says otherwise."""
+    from vllm.platforms import current_platform
+    from vllm.platforms.interface import Platform
+
+    assert Platform.supports_prefill_chunk_across_kv_blocks() is False
+    assert current_platform.supports_prefill_chunk_across_kv_blocks() is False
+
+
+def make_scheduler_with(scheduler_cls: Any, chunk: int = CHUNK) -> Any:
+    from tests.v1.core.utils import create_scheduler
+
+    return create_scheduler(
+        scheduler_cls=scheduler_cls,
+        block_size=BLOCK,
+        num_blocks=20,
+        max_num_batched_tokens=chunk,
+        max_num_seqs=4,
+        max_model_len=256,
+        enable_prefix_caching=True,
+    )
+
+
+@dataclass(frozen=True)
+class PlatformSettings:
+    """A platform's own `additional_config` object, as vllm-rbln's platform
+    passes its `RBLNConfig` (fields `enable_sub_block_cache`, default True,
+    and `sub_block_size`, default None, under those names); vLLM asks any
+    such object for `compute_hash`."""
+
+    enable_sub_block_cache: bool = True
+    sub_block_size: int | None = None
+
+    def compute_hash(self) -> str:
+        return "platform-settings"
+
+
+@pytest.mark.parametrize(
+    ("settings", "chunk", "expected"),
+    [
+        (PlatformSettings(), 8, 8),
+        (PlatformSettings(sub_block_size=4), 16, 4),
+        (PlatformSettings(enable_sub_block_cache=False), 8, None),
+        (PlatformSettings(), 16, None),
+    ],
+    ids=["default", "size", "switched-off", "chunk-equals-block"],
+)
+def test_settings_are_read_from_a_platform_object(
+    settings: PlatformSettings, chunk: int, expected: int | None
+) -> None:
+    """vllm-rbln's platform replaces `additional_config` by its own object:
+    its fields are read as the keys of a dict are. Shown failing before:
+    `default` and `size` ran with whole blocks (a non-dict was read as no
+    settings, with the switch off by default)."""
+    scheduler = make_scheduler_with(h.rbln_scheduler_factory(settings), chunk=chunk)
+    assert scheduler.vllm_config.additional_config is settings
+    if expected is None:
+        assert_whole_blocks(scheduler)
+    else:
+        assert_sub_blocks(scheduler, expected)
+
+
+def test_a_bad_size_on_a_platform_object_is_refused() -> None:
+    from vllm.v1.core.sched.rbln_sub_block import SubBlockCacheConfigError
+
+    with pytest.raises(SubBlockCacheConfigError, match="got 16 >= 16 >= 32"):
+        make_scheduler_with(h.rbln_scheduler_factory(PlatformSettings(sub_block_size=32)))
 
 
 # --- With a KV connector: a local sub-block tail and a remote hit.
@@ -272,7 +422,7 @@ def test_connector_with_a_local_sub_block_tail(remote: int, local: int, external
     b_prompt = a_prompt + prompt(14, seed=2)
     driver.add(h.make_request("B", b_prompt, max_tokens=2, hash_block_size=4))
     record = driver.step()
-    assert record.num_scheduled_tokens["B"] == 40 - local - external
+    assert record.num_computed_before["B"] == local + external
     b_blocks = scheduler.kv_cache_manager.get_blocks("B").blocks[0]
     assert b_blocks[0].block_hash is not None  # the whole block: a local hit
     if external:
@@ -303,7 +453,7 @@ def test_admission_retries_once_without_the_sub_block_match() -> None:
     # touched + CoW + 1 new = 4 > 3. Whole-block hit: 1 cached + 2 new = 3.
     driver.add(h.make_request("B", a_prompt + prompt(14, seed=2), max_tokens=2, hash_block_size=4))
     record = driver.step()
-    assert record.num_scheduled_tokens == {"B": 40 - 16}
+    assert record.prefill_req_ids == ["B"] and record.num_computed_before == {"B": 16}
     assert record.block_copies == []
     driver.run(20)
     assert "B" in driver.finished
@@ -341,10 +491,12 @@ def _assert_names_the_ways_out(message: str, what: str, sub_block_size: int) -> 
     """A sub-block refusal names what it refuses, the setting, and the ways out."""
     assert what in message
     assert f"sub_block_size={sub_block_size}" in message
-    assert "turn sub-block caching off" in message and "sub_block_size=16" in message
+    assert "turn sub-block caching off (enable_sub_block_cache=False)" in message
 
 
-def make_with(settings: dict[str, Any] | None, configure: Callable[[Any], None]) -> Any:
+def make_with(
+    settings: dict[str, Any] | None, configure: Callable[[Any], None], chunk: int = CHUNK, **kwargs: Any
+) -> Any:
     """The RBLN scheduler in vLLM's unit harness, its `vllm_config` first changed by `configure`."""
     from tests.v1.core.utils import create_scheduler
 
@@ -358,13 +510,17 @@ def make_with(settings: dict[str, Any] | None, configure: Callable[[Any], None])
         scheduler_cls=factory,  # type: ignore[arg-type]
         block_size=BLOCK,
         num_blocks=20,
-        max_num_batched_tokens=CHUNK,
+        max_num_batched_tokens=chunk,
+        max_num_seqs=4,
         max_model_len=256,
         enable_prefix_caching=True,
+        **kwargs,
     )
 
 
-def make_with_transfer_config(settings: dict[str, Any] | None, kv_transfer_config: Any) -> Any:
+def make_with_transfer_config(
+    settings: dict[str, Any] | None, kv_transfer_config: Any, chunk: int = CHUNK, **kwargs: Any
+) -> Any:
     def configure(vllm_config: Any) -> None:
         vllm_config.kv_transfer_config = kv_transfer_config
         # As vLLM's config does for a connector without HMA support (the
@@ -372,7 +528,7 @@ def make_with_transfer_config(settings: dict[str, Any] | None, kv_transfer_confi
         # no hybrid manager.
         vllm_config.scheduler_config.disable_hybrid_kv_cache_manager = True
 
-    return make_with(settings, configure)
+    return make_with(settings, configure, chunk, **kwargs)
 
 
 def offload_keys(
@@ -410,7 +566,7 @@ def test_hash_keyed_connector_with_sub_blocks_is_refused(children: int, sub_bloc
 
 
 @pytest.mark.parametrize(
-    "settings", [None, h.sub_block_settings(BLOCK)], ids=["sub-block-off", "sub-block-equals-block"]
+    "settings", [None, h.sub_block_settings(None, enabled=False)], ids=["chunk-equals-block", "sub-block-off"]
 )
 def test_hash_keyed_connector_gets_one_key_per_block(settings: dict[str, Any] | None) -> None:
     """Where the request hashes are one per block, the real connector runs
@@ -439,7 +595,7 @@ def test_hash_keyed_connector_gets_one_key_per_block(settings: dict[str, Any] | 
 # nobody checked (an allowlist, not a denylist).
 
 
-def with_routed_experts(settings: dict[str, Any] | None) -> Any:
+def with_routed_experts(settings: dict[str, Any] | None, chunk: int = CHUNK) -> Any:
     """The RBLN scheduler with `enable_return_routed_experts=True`, so
     upstream's scheduler builds its aux-output connector."""
     from vllm.config import AuxOutputConfig
@@ -447,7 +603,7 @@ def with_routed_experts(settings: dict[str, Any] | None) -> Any:
     def configure(vllm_config: Any) -> None:
         vllm_config.aux_output_config = AuxOutputConfig(enable_return_routed_experts=True)
 
-    return make_with(settings, configure)
+    return make_with(settings, configure, chunk)
 
 
 @pytest.mark.parametrize("sub_block_size", [4, 8])
@@ -465,7 +621,7 @@ def test_routed_experts_with_sub_blocks_is_refused(sub_block_size: int) -> None:
 
 
 @pytest.mark.parametrize(
-    "settings", [None, h.sub_block_settings(BLOCK)], ids=["sub-block-off", "sub-block-equals-block"]
+    "settings", [None, h.sub_block_settings(None, enabled=False)], ids=["chunk-equals-block", "sub-block-off"]
 )
 def test_routed_experts_get_one_hash_per_block(settings: dict[str, Any] | None) -> None:
     """Where request hashes are one per block, the aux-output connector runs,
@@ -473,7 +629,9 @@ def test_routed_experts_get_one_hash_per_block(settings: dict[str, Any] | None) 
     worker resolves (the premise of the refusal above)."""
     from vllm.v1.core.kv_cache_utils import resolve_kv_cache_block_sizes
 
-    scheduler = with_routed_experts(settings)
+    # The whole 40-token prompt in one step (from 0.33.0 the metadata holds the
+    # hashes of the blocks scheduled so far).
+    scheduler = with_routed_experts(settings, chunk=64)
     assert scheduler.aux_output_connector is not None
     assert resolve_kv_cache_block_sizes(scheduler.kv_cache_config, scheduler.vllm_config) == (BLOCK, BLOCK)
     scheduler.add_request(h.make_request("A", prompt(40, seed=1), max_tokens=2, hash_block_size=BLOCK))
@@ -506,7 +664,7 @@ def test_unverified_connector_with_sub_blocks_is_refused(name: str) -> None:
         make_with_transfer_config(h.sub_block_settings(4), module_path_connector(name))
     message = str(error.value)
     assert f"oot_connectors.{name} is not known to key" in message
-    assert "turn sub-block caching off" in message and "sub_block_size=16" in message
+    assert "turn sub-block caching off (enable_sub_block_cache=False)" in message
     assert 'additional_config["sub_block_verified_connectors"]' in message
     assert "lmcache_connector.LMCacheConnectorV1" in message  # the checked ones
 
@@ -605,7 +763,7 @@ def test_connector_listed_as_checked_runs_with_sub_blocks() -> None:
     settings = h.sub_block_settings(4, verified_connectors=("oot_connectors.LMCacheConnectorV1",))
     scheduler = make_with_transfer_config(settings, module_path_connector("LMCacheConnectorV1"))
     assert type(scheduler.connector).__module__ == "oot_connectors"
-    whole_blocks = h.sub_block_settings(BLOCK, verified_connectors=())
+    whole_blocks = h.sub_block_settings(None, enabled=False, verified_connectors=())
     scheduler = make_with_transfer_config(whole_blocks, module_path_connector("LMCacheConnectorV1"))
     assert scheduler.connector is not None
 
@@ -632,6 +790,136 @@ def test_the_checked_list_names_connectors_vllm_has() -> None:
     from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
     from vllm.v1.core.sched.rbln_sub_block import TOKEN_KEYED_CONNECTORS, qualified_name
 
-    for name in TOKEN_KEYED_CONNECTORS:
+    in_tree = [name for name in TOKEN_KEYED_CONNECTORS if name.startswith("vllm.")]
+    assert len(in_tree) == 3
+    for name in in_tree:
         registered = KVConnectorFactory._registry[name.rsplit(".", 1)[1]]()
         assert qualified_name(registered) == name
+
+
+# --- The RBLN stack's own connectors (issue 21, gap 7): vllm-rbln 0.12.0
+# registers RBLNLMCacheConnectorV1 (lmcache_rbln's, a subclass of LMCache's
+# vLLM adapter: keyed on tokens) and the RblnNixl* connectors (vLLM's NIXL
+# scheduler side: blocks moved by id). Loaded from stand-ins at their modules
+# (tests/scheduler/rbln_stack/README.md).
+
+RBLN_STACK = Path(__file__).resolve().parent / "rbln_stack"
+RBLN_LMCACHE = "lmcache_rbln.integration.vllm.connector.RBLNLMCacheConnectorV1"
+RBLN_NIXL = "vllm_rbln.distributed.kv_transfer.kv_connector.v1.rbln_nixl.connector"
+
+
+@pytest.fixture
+def rbln_stack(monkeypatch: pytest.MonkeyPatch) -> Any:
+    monkeypatch.syspath_prepend(str(RBLN_STACK))
+    yield
+    for name in [n for n in sys.modules if n.split(".")[0] in ("lmcache_rbln", "vllm_rbln")]:
+        del sys.modules[name]
+
+
+def rbln_connector(module: str, name: str) -> Any:
+    from vllm.config import KVTransferConfig
+
+    return KVTransferConfig(
+        kv_connector=name,
+        kv_connector_module_path=module,
+        kv_role="kv_both",
+        kv_connector_extra_config={"matched_tokens": 0, "is_async": False},
+    )
+
+
+def test_the_rbln_lmcache_connector_runs_with_sub_blocks(rbln_stack: Any) -> None:
+    """Accepted with no operator list, and listed among the checked ones.
+    Shown failing before: refused as `... is not known to key the KV it stores
+    on tokens`."""
+    from vllm.v1.core.sched.rbln_sub_block import TOKEN_KEYED_CONNECTORS
+
+    assert RBLN_LMCACHE in TOKEN_KEYED_CONNECTORS
+    config = rbln_connector("lmcache_rbln.integration.vllm.connector", "RBLNLMCacheConnectorV1")
+    scheduler = make_with_transfer_config(h.sub_block_settings(4, verified_connectors=()), config)
+    assert f"{type(scheduler.connector).__module__}.RBLNLMCacheConnectorV1" == RBLN_LMCACHE
+    assert_sub_blocks(scheduler, 4)
+
+
+@pytest.mark.parametrize("name", ["RblnNixlPullConnector", "RblnNixlPushConnector"])
+def test_the_rbln_nixl_connectors_are_refused_by_name(rbln_stack: Any, name: str) -> None:
+    """They move blocks by id, not keyed on tokens: refused with a size given,
+    naming the connector, why, and the ways out; with no size the default
+    stays with whole blocks and runs; listed by the operator, they run with
+    sub-blocks. Shown failing before: the generic `not known to key` refusal,
+    without the reason (and the default was off anyway)."""
+    from vllm.v1.core.sched.rbln_sub_block import SubBlockCacheConfigError
+
+    config = rbln_connector(RBLN_NIXL, name)
+    with pytest.raises(SubBlockCacheConfigError) as error:
+        make_with_transfer_config(h.sub_block_settings(4, verified_connectors=()), config)
+    message = str(error.value)
+    assert f"the KV connector {RBLN_NIXL}.{name} (vllm-rbln's NIXL" in message
+    assert "moves KV blocks by block id, not keyed on tokens" in message
+    assert 'list it in additional_config["sub_block_verified_connectors"]' in message
+    assert "turn sub-block caching off (enable_sub_block_cache=False)" in message
+
+    default = make_with_transfer_config({}, config, chunk=8)
+    assert_whole_blocks(default)
+    assert f"{RBLN_NIXL}.{name}" in (default.sub_block_cache.whole_blocks_because or "")
+
+    listed = h.sub_block_settings(4, verified_connectors=(f"{RBLN_NIXL}.{name}",))
+    assert_sub_blocks(make_with_transfer_config(listed, config), 4)
+
+
+def test_the_default_stays_with_whole_blocks_beside_a_hash_keyed_connector() -> None:
+    """No size given: the real OffloadingConnector runs, with whole blocks
+    (its keys stay one per block), where a size given is refused (above)."""
+    scheduler = make_with_transfer_config({}, offloading_connector(), chunk=8)
+    assert type(scheduler.connector).__name__ == "OffloadingConnector"
+    assert_whole_blocks(scheduler)
+    assert "OffloadingConnector" in (scheduler.sub_block_cache.whole_blocks_because or "")
+
+
+# --- A preempted request resuming with a connector (issue 21, gap 7).
+
+
+def test_a_request_resumed_with_a_connector_resumes_where_the_connector_was_told() -> None:
+    """The connector is shown the block-aligned local hit. LMCache's adapter
+    (lmcache 0.5.6) asserts, for a request resumed from preemption, that it
+    resumes at `max(LMCache's hit, the count it was shown)`
+    (`LMCacheBookkeepingConnector`, tests/scheduler/oot_connectors.py, holds
+    its conditions). B's first admission keeps its sub-block hit (24 tokens,
+    a first admission has no such check); preempted, B resumes at its own
+    cached whole blocks (32), not at the sub-block tail past them (40).
+    Shown failing before the fix: `Preempted request B has
+    num_computed_tokens 40 but expected 32` from schedule() (at 0.31.0;
+    from 0.32.0 B's partial entry ends at 36)."""
+    import time
+
+    from vllm.config import KVTransferConfig
+
+    name = "LMCacheBookkeepingConnector"
+    settings = h.sub_block_settings(4, verified_connectors=(f"oot_connectors.{name}",))
+    config = KVTransferConfig(
+        kv_connector=name,
+        kv_connector_module_path="oot_connectors",
+        kv_role="kv_both",
+        kv_connector_extra_config={"matched_tokens": 16, "is_async": False},
+    )
+    # vLLM's V1 model runner, which vllm-rbln's runner is: a resumed request is
+    # sent as resumed (the V2 runner's, the harness's default from 0.32.0, is
+    # sent as new, which LMCache takes as a new request).
+    scheduler = make_with_transfer_config(settings, config, use_v2_model_runner=False)
+    driver = h.Driver(scheduler)
+    a_prompt = prompt(26, seed=1)
+    driver.add(h.make_request("A", a_prompt, max_tokens=1, hash_block_size=4))
+    driver.run(10, until=["A"])
+    driver.add(h.make_request("B", a_prompt + prompt(14, seed=2), max_tokens=8, hash_block_size=4))
+    first = driver.step()
+    assert first.num_computed_before == {"B": 24} and first.block_copies  # the sub-block hit
+    driver.step()  # B's prefill ends: B decodes
+    b = scheduler.requests["B"]
+    assert b.num_output_tokens >= 1
+    scheduler.running.remove(b)
+    scheduler._preempt_request(b, time.monotonic())
+    resumed = driver.step()
+    assert resumed.num_computed_before["B"] == 32
+    assert scheduler.connector.resumes_checked == 1
+    driver.run(30)
+    assert "B" in driver.finished
+    h.assert_all_blocks_free(scheduler)

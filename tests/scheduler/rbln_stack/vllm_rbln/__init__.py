@@ -1,0 +1,1 @@
+"""Stand-in package (tests/scheduler/rbln_stack/README.md)."""
