@@ -335,7 +335,7 @@ def test_the_platform_hook_defaults_to_no() -> None:
     assert current_platform.supports_prefill_chunk_across_kv_blocks() is False
 
 
-def make_scheduler_with(scheduler_cls: Any, chunk: int = CHUNK) -> Any:
+def make_scheduler_with(scheduler_cls: Any, chunk: int = CHUNK, **kwargs: Any) -> Any:
     from tests.v1.core.utils import create_scheduler
 
     return create_scheduler(
@@ -346,6 +346,7 @@ def make_scheduler_with(scheduler_cls: Any, chunk: int = CHUNK) -> Any:
         max_num_seqs=4,
         max_model_len=256,
         enable_prefix_caching=True,
+        **kwargs,
     )
 
 
@@ -498,24 +499,13 @@ def make_with(
     settings: dict[str, Any] | None, configure: Callable[[Any], None], chunk: int = CHUNK, **kwargs: Any
 ) -> Any:
     """The RBLN scheduler in vLLM's unit harness, its `vllm_config` first changed by `configure`."""
-    from tests.v1.core.utils import create_scheduler
-
     rbln = h.rbln_scheduler_factory(settings)
 
     def factory(*, vllm_config: Any, **kwargs: Any) -> Any:
         configure(vllm_config)
         return rbln(vllm_config=vllm_config, **kwargs)
 
-    return create_scheduler(
-        scheduler_cls=factory,  # type: ignore[arg-type]
-        block_size=BLOCK,
-        num_blocks=20,
-        max_num_batched_tokens=chunk,
-        max_num_seqs=4,
-        max_model_len=256,
-        enable_prefix_caching=True,
-        **kwargs,
-    )
+    return make_scheduler_with(factory, chunk, **kwargs)
 
 
 def make_with_transfer_config(
