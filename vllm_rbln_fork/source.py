@@ -265,7 +265,8 @@ def _credentials_off_the_command_line(url: str) -> tuple[str, dict[str, str]]:
     userinfo, _, hostport = parts.netloc.rpartition("@")
     user, _, secret = userinfo.partition(":")
     basic = base64.b64encode(f"{urllib.parse.unquote(user)}:{urllib.parse.unquote(secret)}".encode()).decode()
-    n = int(os.environ.get("GIT_CONFIG_COUNT", "0"))  # after the user's own, if any
+    count = os.environ.get("GIT_CONFIG_COUNT", "")
+    n = int(count) if count.isdigit() else 0  # after the user's own, if any
     env = {
         "GIT_CONFIG_COUNT": str(n + 1),
         f"GIT_CONFIG_KEY_{n}": "http.extraHeader",

@@ -15,7 +15,7 @@ _USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^/?
 # value of a parameter whose name says it holds one. Other parameters stay: they tell which
 # file or page. Only parameters of a URL's query (after a ``?`` in a ``scheme://`` word) count.
 _SECRET_PARAM = re.compile(
-    r"(?P<name>[A-Za-z0-9_.-]*(?:token|secret|password|passwd|signature|credential|key|auth)"
+    r"(?P<name>[A-Za-z0-9_.-]*(?:token|secret|password|passwd|pwd|sig|signature|credential|key|auth)"
     r"[A-Za-z0-9_.-]*)=(?P<value>[^&#\s]*)",
     re.IGNORECASE,
 )

@@ -30,6 +30,7 @@ from vllm_rbln_fork.urls import redact
             "pip install vllm==0.31.0+rbln.1 (token=abc is no URL)",
         ),
         ("https://host/simple/?page=2&apikey=", "https://host/simple/?page=2&apikey="),
+        ("https://host/f.whl?sv=1&sig=S3cr&pwd=p", "https://host/f.whl?sv=1&sig=***&pwd=***"),
     ],
 )
 def test_the_whole_secret_is_hidden(text: str, shown: str) -> None:
