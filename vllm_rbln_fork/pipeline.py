@@ -36,6 +36,7 @@ from .releases import record_release, release_number
 from .series import Patch, Series
 from .source import SourceKind, SourceSpec, clone_ref, copy_tree, fetch_sdist, unpack_sdist
 from .supported import carry_note, project_spelling, read_series_for, supported_pins
+from .urls import redact
 
 # A cache hit needs only the modules above. The stages that a hit skips (git: apply,
 # gitrepo, upstream; the wheel build: wheel, packaging.metadata; --base-wheel: basewheel)
@@ -137,17 +138,18 @@ def prepare(
             origin = f"{sdist.name} (sha256 {sha256})"
             up = record_import(repo, pin, tree[0], epoch, origin, canonical=True)
         return Prepared(up, spec.kind, sdist.name, sha256, tree_dir)
-    with log.phase(f"import {spec.kind} source {spec.location}"):
+    shown = redact(spec.location)  # a git URL's credentials go to git alone: not to a commit or dist/
+    with log.phase(f"import {spec.kind} source {shown}"):
         dest = scratch / f"src-{pin}"
         if spec.kind is SourceKind.GIT:
             assert spec.ref is not None
             tree_dir, epoch = clone_ref(spec.location, spec.ref, dest)
-            origin = f"git {spec.location} at {spec.ref}"
+            origin = f"git {shown} at {spec.ref}"
         else:
             tree_dir, epoch = copy_tree(Path(spec.location), dest)
             origin = f"a local tree ({Path(spec.location).name})"
         up = import_tree(repo, pin, tree_dir, epoch, origin, scratch / f"index-{pin}", canonical=False)
-    return Prepared(up, spec.kind, spec.location, "", tree_dir)
+    return Prepared(up, spec.kind, shown, "", tree_dir)
 
 
 def base_upstream(

@@ -52,6 +52,16 @@ class SourceSpec:
             url, sep, ref = source[4:].rpartition("@")
             if not sep or not url or not ref:
                 raise ForkError(f"--source {source!r}: write a git source as git+URL@REF.")
+            # The @REF follows the URL's path: an '@' still inside scheme://authority is the
+            # user info's ('git+https://user:secret@host/r' written without its @REF), and
+            # splitting there would hand git (and a message) the secret as a URL of its own.
+            _scheme, slashes, rest = url.partition("://")
+            if slashes and not any(c in rest for c in "/?#"):
+                raise ForkError(
+                    f"--source {source!r}: the last '@' is in the URL's user info, so no @REF "
+                    f"follows the repository's path. Write a git source as git+URL@REF "
+                    f"(git+https://host/org/repo.git@v1.0)."
+                )
             return cls(SourceKind.GIT, url, ref)
         path = Path(source).expanduser().resolve()
         if path.is_file() and path.name.endswith((".tar.gz", ".tgz")):

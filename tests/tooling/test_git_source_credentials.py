@@ -11,13 +11,18 @@ import base64
 import subprocess
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import partial
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
-from vllm_rbln_fork.source import clone_ref
+from vllm_rbln_fork.errors import ForkError
+from vllm_rbln_fork.paths import upstream_repo_dir
+from vllm_rbln_fork.pins import Pin
+from vllm_rbln_fork.pipeline import build
+from vllm_rbln_fork.source import SourceSpec, clone_ref
 
 SECRET = "s3cr3t-t0ken"
 
@@ -27,12 +32,20 @@ def served_repo(tmp_path: Path) -> Iterator[tuple[str, list[str]]]:
     """A bare repository with tag v1 served over HTTP to user ``ci`` with password SECRET;
     yields its URL and the Authorization headers the server saw."""
     work = tmp_path / "work"
+    work.mkdir()
+    (work / "setup.py").write_text("print('hello')\n")
+    with serve(work, "v1", tmp_path) as served:
+        yield served
+
+
+@contextmanager
+def serve(work: Path, tag: str, tmp_path: Path) -> Iterator[tuple[str, list[str]]]:
+    """``work``'s files committed and tagged ``tag``, served as above."""
     git = ["git", "-c", "user.name=U", "-c", "user.email=u@e.invalid"]
     subprocess.run([*git, "init", "-q", str(work)], check=True)
-    (work / "setup.py").write_text("print('hello')\n")
-    subprocess.run([*git, "-C", str(work), "add", "-A"], check=True)
-    subprocess.run([*git, "-C", str(work), "commit", "-qm", "v1"], check=True)
-    subprocess.run([*git, "-C", str(work), "tag", "v1"], check=True)
+    subprocess.run([*git, "-C", str(work), "add", "-A", "-f"], check=True)
+    subprocess.run([*git, "-C", str(work), "commit", "-qm", tag], check=True)
+    subprocess.run([*git, "-C", str(work), "tag", tag], check=True)
     bare = tmp_path / "served" / "repo.git"
     subprocess.run(["git", "clone", "-q", "--bare", str(work), str(bare)], check=True)
     subprocess.run(["git", "-C", str(bare), "update-server-info"], check=True)
@@ -78,3 +91,47 @@ def test_the_secret_authenticates_the_clone_but_is_on_no_command_line(
     assert "remote-http" in commands and "127.0.0.1" in commands  # the trace saw the fetch
     assert SECRET not in commands
     assert seen and all(header.startswith("Basic ") for header in seen), seen  # sent up front
+
+
+@pytest.mark.parametrize(
+    "source", [f"git+https://ci:{SECRET}@host/org/repo.git", f"git+https://{SECRET}@host/r"]
+)
+def test_a_git_url_with_user_info_but_no_ref_is_refused_with_the_secret_hidden(source: str) -> None:
+    # Split at its last '@', the user info's, this was the URL 'https://ci:SECRET' at ref
+    # 'host/org/repo.git': git got the secret as its URL, and so did the error it printed.
+    with pytest.raises(ForkError, match=r"no @REF follows the repository's path.*git\+URL@REF") as refused:
+        SourceSpec.parse(source, None)
+    assert SECRET not in str(refused.value) and "***@host/" in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("source", "location", "ref"),
+    [
+        (f"git+https://ci:{SECRET}@host/r.git@v1", f"https://ci:{SECRET}@host/r.git", "v1"),
+        ("git+https://ci:p@ss@host/r@refs/tags/v1", "https://ci:p@ss@host/r", "refs/tags/v1"),
+        ("git+git@host:org/r.git@v1", "git@host:org/r.git", "v1"),  # scp-like: no '://'
+    ],
+)
+def test_the_ref_is_what_follows_the_urls_path(source: str, location: str, ref: str) -> None:
+    assert SourceSpec.parse(source, None) == SourceSpec("git", location, ref)
+
+
+def test_a_build_from_a_git_url_records_it_without_its_secret(fork, tmp_path: Path) -> None:
+    """The import's commit message (in the cache repo) and the manifest beside the wheel (in
+    dist/) name the source: with its user name, never its password."""
+    import tarfile
+
+    with tarfile.open(fork.index.root / "simple/vllm/vllm-1.1.tar.gz") as tar:
+        tar.extractall(tmp_path / "src", filter="data")
+    with serve(tmp_path / "src" / "vllm-1.1", "v1.1", tmp_path) as (url, _seen):
+        result = build(Pin.parse("1.1"), SourceSpec.parse(f"git+{url}@v1.1", None), fork.project)
+    shown = url.replace(SECRET, "***")
+    assert result.manifest.source_file == shown
+    assert SECRET not in result.manifest_file.read_text()
+    messages = subprocess.run(
+        ["git", "-C", str(upstream_repo_dir()), "log", "--all", "--format=%B"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    assert f"Imported from git {shown} at v1.1." in messages and SECRET not in messages
