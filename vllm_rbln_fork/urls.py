@@ -14,9 +14,12 @@ _USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^/?
 # A secret in the query string (``?token=...``, a signed URL's ``X-Amz-Signature=...``): the
 # value of a parameter whose name says it holds one. Other parameters stay: they tell which
 # file or page. Only parameters of a URL's query (after a ``?`` in a ``scheme://`` word) count.
+# The name is all of it from the ``&`` before it (``auth[token]``, ``credentials%5Bpassword%5D``:
+# PHP's and Rails' nested form), and a secret word anywhere in it makes it a secret.
 _SECRET_PARAM = re.compile(
-    r"(?P<name>[A-Za-z0-9_.-]*(?:token|secret|password|passwd|pwd|sig|signature|credential|key|auth)"
-    r"[A-Za-z0-9_.-]*)=(?P<value>[^&#\s]*)",
+    r"(?:^|(?<=&))(?P<name>[^&=#\s]*"
+    r"(?:token|secret|password|passwd|pwd|sig|signature|credential|key|auth)"
+    r"[^&=#\s]*)=(?P<value>[^&#\s]*)",
     re.IGNORECASE,
 )
 _URL_QUERY = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^?#\s]*\?)(?P<query>[^#\s]*)")

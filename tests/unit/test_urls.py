@@ -31,6 +31,12 @@ from vllm_rbln_fork.urls import redact
         ),
         ("https://host/simple/?page=2&apikey=", "https://host/simple/?page=2&apikey="),
         ("https://host/f.whl?sv=1&sig=S3cr&pwd=p", "https://host/f.whl?sv=1&sig=***&pwd=***"),
+        # A name with brackets (nested form parameters) is a secret's when a part of it is.
+        (
+            "https://host/x?auth[token]=T0k&credentials[password]=pw&user[name]=ann",
+            "https://host/x?auth[token]=***&credentials[password]=***&user[name]=ann",
+        ),
+        ("https://host/x?auth%5Btoken%5D=T0k&q=1", "https://host/x?auth%5Btoken%5D=***&q=1"),
     ],
 )
 def test_the_whole_secret_is_hidden(text: str, shown: str) -> None:
