@@ -11,23 +11,25 @@ import re
 # split it): a password holding a raw ``@`` (``user:p@ss@host``) is hidden whole.
 _USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^/?#\s]+)@")
 
-# A secret in the query string (``?token=...``, a signed URL's ``X-Amz-Signature=...``): the
-# value of a parameter whose name says it holds one. Other parameters stay: they tell which
-# file or page. Only parameters of a URL's query (after a ``?`` in a ``scheme://`` word) count.
-# The name is all of it from the ``&`` before it (``auth[token]``, ``credentials%5Bpassword%5D``:
-# PHP's and Rails' nested form), and a secret word anywhere in it makes it a secret.
+# A secret in the query string (``?token=...``, a signed URL's ``X-Amz-Signature=...``) or the
+# fragment (OAuth's ``#access_token=...``): the value of a parameter whose name says it holds
+# one. Other parameters stay: they tell which file or page (``#sha256=`` a file's hash). Only
+# parameters of a URL (after its ``?`` or ``#`` in a ``scheme://`` word) count.
+# The name is all of it from the ``?``, ``#`` or ``&`` before it (``auth[token]``,
+# ``credentials%5Bpassword%5D``: PHP's and Rails' nested form), and a secret word anywhere in
+# it makes it a secret.
 _SECRET_PARAM = re.compile(
-    r"(?:^|(?<=&))(?P<name>[^&=#\s]*"
+    r"(?<=[?#&])(?P<name>[^?#&=\s]*"
     r"(?:token|secret|password|passwd|pwd|sig|signature|credential|key|auth)"
-    r"[^&=#\s]*)=(?P<value>[^&#\s]*)",
+    r"[^?#&=\s]*)=(?P<value>[^&#\s]*)",
     re.IGNORECASE,
 )
-_URL_QUERY = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^?#\s]*\?)(?P<query>[^#\s]*)")
+_URL_PARAMS = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^?#\s]*)(?P<params>[?#]\S*)")
 
 
 def redact(text: str) -> str:
-    """``text`` with the credentials of every URL in it (user info, secret query values)
-    replaced by ``***``."""
+    """``text`` with the credentials of every URL in it (user info, secret query and fragment
+    values) replaced by ``***``."""
 
     def hide(match: re.Match[str]) -> str:
         user, sep, _secret = match["userinfo"].partition(":")
@@ -35,7 +37,7 @@ def redact(text: str) -> str:
         return f"{match['scheme']}{shown}@"
 
     def hide_params(match: re.Match[str]) -> str:
-        query = _SECRET_PARAM.sub(lambda p: f"{p['name']}=***" if p["value"] else p[0], match["query"])
-        return f"{match['head']}{query}"
+        params = _SECRET_PARAM.sub(lambda p: f"{p['name']}=***" if p["value"] else p[0], match["params"])
+        return f"{match['head']}{params}"
 
-    return _URL_QUERY.sub(hide_params, _USERINFO.sub(hide, text))
+    return _URL_PARAMS.sub(hide_params, _USERINFO.sub(hide, text))

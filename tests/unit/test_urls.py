@@ -37,6 +37,13 @@ from vllm_rbln_fork.urls import redact
             "https://host/x?auth[token]=***&credentials[password]=***&user[name]=ann",
         ),
         ("https://host/x?auth%5Btoken%5D=T0k&q=1", "https://host/x?auth%5Btoken%5D=***&q=1"),
+        # The fragment too (OAuth's implicit flow); a file's hash there stays.
+        (
+            "https://host/cb#access_token=T0k&expires_in=3600",
+            "https://host/cb#access_token=***&expires_in=3600",
+        ),
+        ("https://host/x?page=2#id_token=T0k", "https://host/x?page=2#id_token=***"),
+        ("https://host/v.whl#sha256=aa", "https://host/v.whl#sha256=aa"),
     ],
 )
 def test_the_whole_secret_is_hidden(text: str, shown: str) -> None:
