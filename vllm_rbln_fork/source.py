@@ -268,11 +268,21 @@ def _credentials_off_the_command_line(url: str) -> tuple[str, dict[str, str]]:
     only by its owner. So an http(s) URL's ``user:secret@`` goes to git as an Authorization
     header in ``GIT_CONFIG_*`` (git 2.31+), never as an argument of ``git clone`` or of the
     ``git remote-https`` it starts. Other schemes keep their URL: ssh takes a user name there,
-    and a key, not a secret, authenticates it."""
+    and a key, not a secret, authenticates it. A secret in the query or fragment (``?token=``)
+    is refused: the server reads it in the URL, and git hands the URL to its remote helper as
+    an argument however config rewrites it (``url.<base>.insteadOf`` included)."""
     parts = urllib.parse.urlsplit(url)
-    if parts.scheme not in ("http", "https") or "@" not in parts.netloc:
+    userinfo, at, hostport = parts.netloc.rpartition("@")
+    bare = urllib.parse.urlunsplit(parts._replace(netloc=hostport))
+    if redact(bare) != bare:
+        raise ForkError(
+            f"the git URL {url} has a secret in its query or fragment, which git would put on its "
+            f"command line (ps shows that to every user of the machine); nothing was cloned. Give "
+            f"it as the URL's password (USER:TOKEN@ before the host: it goes to git as a header, "
+            f"off the command line) or through a git credential helper, not in the query."
+        )
+    if parts.scheme not in ("http", "https") or not at:
         return url, {}
-    userinfo, _, hostport = parts.netloc.rpartition("@")
     user, _, secret = userinfo.partition(":")
     basic = base64.b64encode(f"{urllib.parse.unquote(user)}:{urllib.parse.unquote(secret)}".encode()).decode()
     count = os.environ.get("GIT_CONFIG_COUNT", "")
