@@ -265,12 +265,17 @@ def _credentials_off_the_command_line(url: str) -> tuple[str, dict[str, str]]:
     """``url`` without its user info, and the environment that gives git the credentials.
 
     A process's arguments can be read by every user of the machine (``ps``); its environment
-    only by its owner. So an http(s) URL's ``user:secret@`` goes to git as an Authorization
-    header in ``GIT_CONFIG_*`` (git 2.31+), never as an argument of ``git clone`` or of the
-    ``git remote-https`` it starts. Other schemes keep their URL: ssh takes a user name there,
-    and a key, not a secret, authenticates it. A secret in the query or fragment (``?token=``)
-    is refused: the server reads it in the URL, and git hands the URL to its remote helper as
-    an argument however config rewrites it (``url.<base>.insteadOf`` included)."""
+    only by its owner. So an http(s) URL's user info goes to git in ``GIT_CONFIG_*`` (git
+    2.31+), never as an argument of ``git clone`` or of the ``git remote-https`` it starts:
+    ``user:secret@`` (``TOKEN:@`` for a token with no password) as an Authorization header,
+    sent up front; a name alone (``user@``: "ask for this user's password") as
+    ``credential.username``, so git asks its credential helper (or the terminal) for that
+    user's password on the server's challenge, as it does with the name in the URL; the
+    name may be a token, so it stays off the command line too. Other schemes keep their
+    URL: ssh takes a user name there, and a key, not a secret, authenticates it. A secret
+    in the query or fragment (``?token=``) is refused: the server reads it in the URL, and
+    git hands the URL to its remote helper as an argument however config rewrites it
+    (``url.<base>.insteadOf`` included)."""
     parts = urllib.parse.urlsplit(url)
     userinfo, at, hostport = parts.netloc.rpartition("@")
     bare = urllib.parse.urlunsplit(parts._replace(netloc=hostport))
@@ -283,16 +288,16 @@ def _credentials_off_the_command_line(url: str) -> tuple[str, dict[str, str]]:
         )
     if parts.scheme not in ("http", "https") or not at:
         return url, {}
-    user, _, secret = userinfo.partition(":")
-    basic = base64.b64encode(f"{urllib.parse.unquote(user)}:{urllib.parse.unquote(secret)}".encode()).decode()
+    user, colon, secret = (urllib.parse.unquote(part) for part in userinfo.partition(":"))
+    if colon:
+        basic = base64.b64encode(f"{user}:{secret}".encode()).decode()
+        key, value = "http.extraHeader", f"Authorization: Basic {basic}"
+    else:
+        key, value = "credential.username", user
     count = os.environ.get("GIT_CONFIG_COUNT", "")
     n = int(count) if count.isdigit() else 0  # after the user's own, if any
-    env = {
-        "GIT_CONFIG_COUNT": str(n + 1),
-        f"GIT_CONFIG_KEY_{n}": "http.extraHeader",
-        f"GIT_CONFIG_VALUE_{n}": f"Authorization: Basic {basic}",
-    }
-    return urllib.parse.urlunsplit(parts._replace(netloc=hostport)), env
+    env = {"GIT_CONFIG_COUNT": str(n + 1), f"GIT_CONFIG_KEY_{n}": key, f"GIT_CONFIG_VALUE_{n}": value}
+    return bare, env
 
 
 def clone_ref(url: str, ref: str, dest: Path) -> tuple[Path, int]:

@@ -152,3 +152,31 @@ def test_a_secret_in_a_git_urls_query_is_refused_before_git_runs(
         clone_ref(f"{url}{param}q-{SECRET}", "v1", tmp_path / "clone")
     assert SECRET not in str(refused.value)
     assert not trace.exists() and seen == []
+
+
+def test_a_user_name_alone_has_gits_credential_helper_asked_for_its_password(
+    served_repo: tuple[str, list[str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """https://ci@host/r means "ci's password, from the credential helper", as git reads it:
+    nothing is sent up front (no Basic "ci:" with an empty password), and the helper is asked
+    for ci's password, the name off the command line all the same (it may be a token)."""
+    url, seen = served_repo
+    named = url.replace(f"ci:{SECRET}@", "ci@")
+    asked = tmp_path / "helper-was-asked"
+    helper = (
+        f'!f() {{ test "$1" = get || exit 0; cat > {asked}; '
+        f"grep -qx username=ci {asked} && echo password={SECRET}; }}; f"
+    )
+    monkeypatch.setenv("GIT_CONFIG_COUNT", "1")  # the user's own helper, as in their ~/.gitconfig
+    monkeypatch.setenv("GIT_CONFIG_KEY_0", "credential.helper")
+    monkeypatch.setenv("GIT_CONFIG_VALUE_0", helper)
+    monkeypatch.setenv("GIT_TERMINAL_PROMPT", "0")
+    trace = tmp_path / "git-trace.log"
+    monkeypatch.setenv("GIT_TRACE", str(trace))
+
+    tree, _epoch = clone_ref(named, "v1", tmp_path / "clone")
+
+    assert (tree / "setup.py").read_text() == "print('hello')\n"
+    assert "username=ci" in asked.read_text().splitlines()
+    assert seen[0] == "" and "Basic " + base64.b64encode(f"ci:{SECRET}".encode()).decode() in seen, seen
+    assert "ci@" not in trace.read_text()
