@@ -137,7 +137,10 @@ def variant_site(patch: Path, dest: Path) -> Path:
         target.unlink(missing_ok=True)  # a file the patch creates is not there yet
         if (installed.parent / name).exists():
             shutil.copyfile(installed.parent / name, target)
-    subprocess.run(["git", "apply", str(patch)], cwd=dest, check=True)
+    # No repository above ``dest``: inside one, git apply skips, silently, every path outside
+    # the current directory (a site made in a worktree's work/ got no change at all).
+    env = {**os.environ, "GIT_CEILING_DIRECTORIES": str(dest.resolve().parent)}
+    subprocess.run(["git", "apply", str(patch.resolve())], cwd=dest, check=True, env=env)
     return dest
 
 
