@@ -17,10 +17,24 @@ from vllm.v1.core.sched.scheduler import Scheduler
 PREEMPTED: list[str] = []
 PREEMPTED_BEFORE_FIRST_TOKEN = [0]
 STEPS = [0]  # schedule() calls that scheduled any token: the engine steps that ran the model
+# Each request's first scheduling (engine_kit.Admission's fields): the tokens computed before it
+# (local prefix hits plus a connector's), the tokens scheduled, the step, the step's size.
+ADMISSIONS: list[dict[str, int | str]] = []
 
 
 def _count_step(output: Any) -> Any:
     if output.total_num_scheduled_tokens > 0:
+        for new in output.scheduled_new_reqs:
+            ADMISSIONS.append(
+                {
+                    "request_id": new.req_id,
+                    "prompt_tokens": len(new.prompt_token_ids or []),
+                    "computed": new.num_computed_tokens,
+                    "scheduled": output.num_scheduled_tokens[new.req_id],
+                    "step": STEPS[0],
+                    "step_requests": len(output.num_scheduled_tokens),
+                }
+            )
         STEPS[0] += 1
     return output
 

@@ -76,6 +76,18 @@ def prompts_with_shared_prefixes(seed: int, count: int, prefixes: int = 4) -> li
     return prompts
 
 
+@dataclass(frozen=True)
+class Admission:
+    """A request's first scheduling, as a counting scheduler saw it (``counting_scheduler``)."""
+
+    request_id: str
+    prompt_tokens: int
+    computed: int  # tokens computed before it: local prefix-cache hits plus a KV connector's load
+    scheduled: int  # tokens scheduled for it in that step
+    step: int  # the step's index among the steps that scheduled tokens
+    step_requests: int  # requests the step scheduled, this one included
+
+
 @dataclass
 class Outcome:
     tokens: list[list[int]]
@@ -83,6 +95,8 @@ class Outcome:
     preemptions: list[str] = field(default_factory=list)  # request ids, one per preemption
     preempted_before_first_token: int = 0
     steps: int = 0  # counting schedulers only
+    admissions: list[Admission] = field(default_factory=list)  # counting schedulers only
+    num_cached_tokens: list[int] = field(default_factory=list)  # each RequestOutput's, in order
     seconds: float = 0.0  # wall time of generate() (not the engine's start)
     vllm_file: str = ""  # which vllm ran (the installed wheel, or a variant site)
     async_scheduling: bool = False  # the engine's own setting after the platform's changes
@@ -192,6 +206,7 @@ def run(
             + "\n".join((proc.stdout + proc.stderr).splitlines()[-60:])
         )
     data = json.loads(marker.removeprefix(RESULT))
+    data["admissions"] = [Admission(**a) for a in data["admissions"]]
     return Outcome(**data, log=proc.stdout + proc.stderr)
 
 
@@ -218,6 +233,8 @@ def _run_here(job: dict[str, Any]) -> dict[str, Any]:
         "preemptions": list(counting_scheduler.PREEMPTED),
         "preempted_before_first_token": counting_scheduler.PREEMPTED_BEFORE_FIRST_TOKEN[0],
         "steps": counting_scheduler.STEPS[0],
+        "admissions": counting_scheduler.ADMISSIONS,
+        "num_cached_tokens": [o.num_cached_tokens for o in outputs],
         "vllm_file": vllm.__file__,
         # What the engine really runs with (the platform may override what was asked).
         "async_scheduling": bool(llm.llm_engine.vllm_config.scheduler_config.async_scheduling),
@@ -231,6 +248,29 @@ def first_difference(a: list[list[int]], b: list[list[int]]) -> str:
             at = next((j for j, (p, q) in enumerate(zip(x, y, strict=False)) if p != q), min(len(x), len(y)))
             return f"request {i} differs at output token {at}: {x[at : at + 5]} vs {y[at : at + 5]}"
     return "identical"
+
+
+def assert_same_tokens(outcome: Outcome, reference: Outcome, name: str) -> None:
+    assert outcome.tokens == reference.tokens, f"{name}: " + first_difference(
+        reference.tokens, outcome.tokens
+    )
+
+
+def assert_decode_ready(
+    outcome: Outcome, prompts: list[list[int]], *, one_batch: bool, width: int = 1
+) -> None:
+    """The last ``len(prompts)`` admissions are the prompts', each with all but its last token
+    computed and that token scheduled (``width``: with the draft slots of a padded spec-decode
+    step); ``one_batch``: all in one step, alone in it, one decode batch (the RBLN scheduler's
+    decode-ready admissions join one batch; before issue 21's gap 2 each took a step)."""
+    admissions = outcome.admissions[-len(prompts) :]
+    assert sorted(a.prompt_tokens for a in admissions) == sorted(map(len, prompts)), admissions
+    assert all(a.computed == a.prompt_tokens - 1 for a in admissions), admissions
+    assert all(a.scheduled in (1, width) for a in admissions), admissions
+    if one_batch:
+        assert {(a.step, a.step_requests) for a in admissions} == {(admissions[0].step, len(prompts))}, (
+            f"the decode-ready admissions did not run as one decode batch: {admissions}"
+        )
 
 
 def dump(outcome: Outcome) -> str:
