@@ -110,7 +110,7 @@ def make_ours(w: Workload) -> Any:
     from tests.v1.core.utils import create_scheduler
 
     enabled, size = _sub_block(w)
-    rbln = h.rbln_scheduler_factory(h.sub_block_settings(size, enabled))
+    rbln = h.rbln_scheduler_factory(h.sub_block_settings(size, enabled), async_scheduling=w.async_scheduling)
 
     def scheduler_cls(*, vllm_config: Any, **kwargs: Any) -> Any:
         if w.connector is not None:

@@ -140,7 +140,9 @@ def make_scheduler(rbln: bool = True, **kwargs: Any) -> Scheduler:
 
     kwargs.setdefault("block_size", BLOCK_SIZE)
     if rbln:
-        kwargs["scheduler_cls"] = _rbln_scheduler_cls()
+        kwargs["scheduler_cls"] = rbln_scheduler_factory(
+            async_scheduling=kwargs.get("async_scheduling", False)
+        )
     return create_scheduler(**kwargs)
 
 
@@ -319,9 +321,12 @@ class Driver:
                 if request_output.finish_reason is not None:
                     self.finished.add(request_output.request_id)
 
-        # The drafter proposes for every request that is now decoding.
+        # The drafter proposes for every request that is now decoding. Under
+        # async scheduling the drafts stay in the worker (the engine core
+        # never calls `update_draft_token_ids`); `AsyncScheduler` schedules
+        # placeholder slots for them.
         drafting = [request.request_id for request in scheduler.running if not request.is_prefill_chunk]
-        if drafting and scheduler.num_spec_tokens:
+        if drafting and scheduler.num_spec_tokens and not scheduler.scheduler_config.async_scheduling:
             scheduler.update_draft_token_ids(
                 DraftTokenIds(
                     req_ids=drafting,
@@ -535,12 +540,19 @@ def chunks_may_cross_kv_blocks() -> Iterator[None]:
 
 
 def rbln_scheduler_factory(
-    additional_config: object = None, *, chunks_cross_kv_blocks: bool = True
+    additional_config: object = None,
+    async_scheduling: bool = False,
+    *,
+    chunks_cross_kv_blocks: bool = True,
 ) -> Callable[..., Scheduler]:
     """`scheduler_cls` for `create_scheduler`: the RBLN scheduler, built on the
-    harness's `VllmConfig` with `additional_config` set (the harness has no
-    parameter for the platform's settings; a dict is copied, a platform's own
-    object passed as it is).
+    harness's `VllmConfig` with the platform's settings (the harness has no
+    parameter for them): `additional_config` (a dict is copied, a platform's
+    own object passed as it is), and `async_scheduling`, which vLLM's CPU
+    platform turns off whatever was asked (an RBLN platform keeps it). The
+    class is the one vLLM's engine core picks for
+    `scheduler_cls=RBLN_SCHEDULER` (`get_scheduler_cls`): its async form when
+    async scheduling is on.
 
     `chunks_cross_kv_blocks`: built on a platform that declares its device can
     prefill a chunk across KV blocks (`chunks_may_cross_kv_blocks`), so that
@@ -548,13 +560,15 @@ def rbln_scheduler_factory(
     8 under chunks of 16) stand for such a device, as the parity tier's
     vllm-rbln side stands for a CR13; False: the plain platform, which
     cannot."""
-    cls = _rbln_scheduler_cls()
 
     def make(*, vllm_config: Any, **kwargs: Any) -> Scheduler:
         if isinstance(additional_config, dict):
             vllm_config.additional_config = dict(additional_config)
         elif additional_config is not None:
             vllm_config.additional_config = additional_config
+        vllm_config.scheduler_config.async_scheduling = async_scheduling
+        vllm_config.scheduler_config.scheduler_cls = RBLN_SCHEDULER
+        cls = vllm_config.scheduler_config.get_scheduler_cls()
         if not chunks_cross_kv_blocks:
             return cls(vllm_config=vllm_config, **kwargs)
         with chunks_may_cross_kv_blocks():
