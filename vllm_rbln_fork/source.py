@@ -24,6 +24,28 @@ from .pins import LockedSdist, Pin, PinsLock
 from .urls import redact
 
 
+def _check_user_info_is_encoded(url: str) -> None:
+    """Refuse a URL whose password holds a raw ``/``, ``?`` or ``#``
+    (``https://user:pa#ss@host/r``): the authority then ends inside the password, which is
+    read as a port (``user:pa``) or leaves its ``@`` in the fragment, so nothing treats it as
+    user info: git would get it on its command line and ``urls.redact`` would not hide it in a
+    log, a message or the recorded source. The message does not repeat the URL."""
+    parts = urllib.parse.urlsplit(url)
+    try:
+        parts.port  # noqa: B018 (raises on a port that is not a number)
+        raw = "@" in parts.fragment
+    except ValueError:
+        raw = True
+    if raw:
+        raise ForkError(
+            f"--source: the git URL ({parts.scheme}://...) is not scheme://[user[:password]@]"
+            "host[:port]/path: a password holding a raw '/', '?' or '#' ends the host inside "
+            "it (the URL is not repeated here, so the password is not shown). Percent-encode "
+            "them in the user info ('/' %2F, '?' %3F, '#' %23), or give the password through "
+            "a git credential helper."
+        )
+
+
 class SourceKind(StrEnum):
     INDEX = "index"  # the pin's sdist from a package index
     SDIST = "sdist"  # a local sdist file
@@ -62,6 +84,7 @@ class SourceSpec:
                     f"follows the repository's path. Write a git source as git+URL@REF "
                     f"(git+https://host/org/repo.git@v1.0)."
                 )
+            _check_user_info_is_encoded(url)
             return cls(SourceKind.GIT, url, ref)
         path = Path(source).expanduser().resolve()
         if path.is_file() and path.name.endswith((".tar.gz", ".tgz")):

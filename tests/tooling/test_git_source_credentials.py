@@ -105,11 +105,32 @@ def test_a_git_url_with_user_info_but_no_ref_is_refused_with_the_secret_hidden(s
 
 
 @pytest.mark.parametrize(
+    "source",
+    [
+        f"git+https://ci:p#{SECRET}@host/org/r.git@v1",
+        f"git+https://ci:p?{SECRET}@host/org/r.git@v1",
+        f"git+https://ci:p/{SECRET}@host/org/r.git@v1",
+        f"git+https://ci:12#{SECRET}@host/org/r.git@v1",  # a port-like start: '@' in the fragment
+        f"git+https://ci:p#{SECRET}@host/org/r.git",  # and no @REF
+    ],
+)
+def test_a_password_with_a_raw_delimiter_is_refused_unshown(source: str) -> None:
+    # Its '#', '?' or '/' ends the authority inside the password: urlsplit saw no user info,
+    # so git got the URL, password and all, as an argument, and urls.redact did not hide it in
+    # the log, the messages or the recorded source (commit, manifest in dist/).
+    with pytest.raises(ForkError, match=r"Percent-encode them in the user info") as refused:
+        SourceSpec.parse(source, None)
+    assert SECRET not in str(refused.value)
+
+
+@pytest.mark.parametrize(
     ("source", "location", "ref"),
     [
         (f"git+https://ci:{SECRET}@host/r.git@v1", f"https://ci:{SECRET}@host/r.git", "v1"),
         ("git+https://ci:p@ss@host/r@refs/tags/v1", "https://ci:p@ss@host/r", "refs/tags/v1"),
         ("git+git@host:org/r.git@v1", "git@host:org/r.git", "v1"),  # scp-like: no '://'
+        ("git+https://host:8443/org/r@x.git@v1", "https://host:8443/org/r@x.git", "v1"),
+        ("git+https://ci:p%23q@host/r.git@v1", "https://ci:p%23q@host/r.git", "v1"),  # encoded
     ],
 )
 def test_the_ref_is_what_follows_the_urls_path(source: str, location: str, ref: str) -> None:
