@@ -2,25 +2,28 @@
 
 Each later prompt extends an earlier one to a point inside a KV block (block 32, earlier
 prompts of 88 tokens = 2 blocks + 1 sub-block of 16 + 8 tokens). Whole-block caching can
-reuse 64 tokens of it; sub-block caching reuses what the earlier prompt's partial entry
-covers, 80 tokens at every pin (``tests/support/upstream_rules.py``), by copying the partial
-block before the new request writes into it. More hits, and the same tokens: if the
-worker's copy were not made (or made wrong), the extending requests would attend to the
-wrong KV and their greedy outputs would differ.
+reuse 64 tokens of it; sub-block caching reuses the 80 tokens up to its last sub-block
+boundary, by copying the partial block before the new request writes into it. Siblings go
+further: a prompt that leaves an earlier one inside one of its blocks hits the sub-blocks
+before the divergence (60 shared tokens: 48 hit, against 32 with whole blocks; every
+sub-block boundary of a block is an entry, not only a prompt's last). More hits, and the
+same tokens: if the worker's copy were not made (or made wrong), the requests that hit would
+attend to the wrong KV and their greedy outputs would differ.
 
 The sub-block is the prefill chunk (16 tokens, ``max_num_batched_tokens``), vllm-rbln's
 default and the only size below the block that a platform answering no to
 ``supports_prefill_chunk_across_kv_blocks()`` (the CPU platform here) takes. The
 whole-block run has the same chunk, with sub-block caching switched off.
 
-The first three extensions are sent after their earlier prompt finished. There, a missing
+The first extensions are sent after their earlier prompt finished. There, a missing
 copy-on-write in the scheduler (the extension writing straight into the earlier prompt's
 shared tail block) changes no token: nobody reads the slots it overwrites. So a third kind
 of request is sent together with the prompt it extends: it hits that prompt's tail block
 while the prompt is still decoding into it. Without the copy the two write the same slots,
 and the extension reads the other request's KV. The no-cow variant
 (``tests/engine/variants/no-cow.patch``, applied over the installed wheel) shows that
-this case sees it.
+this case sees it. A sibling is sent so too: it hits the sub-blocks of a running prompt's
+tail block before their divergence.
 """
 
 from __future__ import annotations
@@ -30,7 +33,6 @@ from pathlib import Path
 
 import pytest
 from engine_kit import BLOCK, NGRAM, RBLN, VOCAB, first_difference, run, variant_site
-from upstream_rules import partial_entry_tokens
 
 rng = random.Random(7)
 
@@ -47,17 +49,36 @@ SEQUENTIAL = [*EARLIER, *(p + words(30) for p in EARLIER)]
 # extension) in the next step, which hits RUNNING's tail block while RUNNING decodes.
 RUNNING = words(EARLIER_LEN)
 HITTING = RUNNING + words(30)
-PROMPTS = [*SEQUENTIAL, RUNNING, HITTING]
-BATCHES = [1] * len(SEQUENTIAL) + [2]
+# (Drawn after RUNNING and HITTING, which keep the tokens they had before the siblings came:
+# with them the no-cow variant's overwritten slots change the greedy output.)
+# Siblings, sent one by one: the second leaves the first after 60 tokens, inside its second
+# (full) block.
+SIBLING_BASE = words(EARLIER_LEN)
+SIBLINGS = [SIBLING_BASE, SIBLING_BASE[:60] + words(30)]
+# The same with a sibling that leaves RUNNING_BASE after 84 tokens, inside its tail block.
+RUNNING_BASE = words(EARLIER_LEN)
+RUNNING_SIBLING = RUNNING_BASE[:84] + words(30)
+PROMPTS = [*SEQUENTIAL, *SIBLINGS, RUNNING, HITTING, RUNNING_BASE, RUNNING_SIBLING]
+BATCHES = [1] * (len(SEQUENTIAL) + len(SIBLINGS)) + [2, 2]
+# The no-cow variant runs without the siblings: a sibling hits inside a block its source
+# filled, and without the copy it fills that block again, which the pool refuses (a block
+# cached full is never cached again): the run would stop, not show other tokens.
+VARIANT_PROMPTS = [*SEQUENTIAL, RUNNING, HITTING]
+VARIANT_BATCHES = [1] * len(SEQUENTIAL) + [2]
 SUB_BLOCK = 16
 COMMON = dict(
     scheduler_cls=RBLN, speculative_config=NGRAM, enable_prefix_caching=True, max_num_batched_tokens=SUB_BLOCK
 )
 SUB_BLOCKS = {"sub_block_size": SUB_BLOCK}
 WHOLE_BLOCKS = {"enable_sub_block_cache": False}
+VARIANT = dict(COMMON, additional_config=SUB_BLOCKS)
 # Each earlier prompt decodes 8 tokens: its KV ends at token 95, so its third block never
-# fills and keeps its partial entry. Whole blocks: 64 tokens of it.
+# fills. Whole blocks: 64 tokens of it, 32 of the sibling's 60, 64 of the running sibling's 84.
 WHOLE_HIT = EARLIER_LEN // BLOCK * BLOCK
+WHOLE_HITS = 4 * WHOLE_HIT + 32 + 64
+# Sub-blocks: 80 of an earlier prompt's 88, 48 of the sibling's 60, 80 of the running one's 84.
+SUB_HIT = EARLIER_LEN // SUB_BLOCK * SUB_BLOCK
+SUB_HITS = 4 * SUB_HIT + 48 + 80
 NO_COW = Path(__file__).resolve().parent / "variants" / "no-cow.patch"
 
 
@@ -72,18 +93,17 @@ def test_sub_block_hits_raise_the_hit_count_and_keep_the_tokens(model: Path, no_
 
     assert sub.tokens == whole.tokens, first_difference(whole.tokens, sub.tokens)
     whole_hits, sub_hits = whole.metrics["vllm:prefix_cache_hits"], sub.metrics["vllm:prefix_cache_hits"]
-    # Four extensions, each hitting its earlier prompt: whole blocks, or up to its partial entry.
-    # (Read here, not at import: outside the engine venv there is no vllm, and the session
-    # fixture says how to run the tier.)
-    SUB_HIT = partial_entry_tokens(EARLIER_LEN, SUB_BLOCK)  # 80 at every pin
+    # Four extensions, each hitting its earlier prompt, and two siblings: whole blocks, or
+    # every sub-block they share.
     assert SUB_HIT > WHOLE_HIT and SUB_HIT % BLOCK, "the hits must end inside a block"
-    assert whole_hits == 4 * WHOLE_HIT, whole.metrics
-    assert sub_hits == 4 * SUB_HIT, sub.metrics
+    assert whole_hits == WHOLE_HITS, whole.metrics
+    assert sub_hits == SUB_HITS, sub.metrics
 
-    # The same sub-block run without copy-on-write: the same hits, and other tokens for
-    # the request that hit a running request's tail block (and only there).
-    variant = run(model, PROMPTS, 8, batches=BATCHES, site=no_cow, **COMMON, additional_config=SUB_BLOCKS)
+    # The same sub-block run without copy-on-write (no siblings): the same hits, and other
+    # tokens for the request that hit a running request's tail block (and only there).
+    variant = run(model, VARIANT_PROMPTS, 8, batches=VARIANT_BATCHES, site=no_cow, **VARIANT)
     assert variant.vllm_file.startswith(str(no_cow)), variant.vllm_file
     assert variant.metrics["vllm:prefix_cache_hits"] == 4 * SUB_HIT, variant.metrics
-    assert variant.tokens[: len(SEQUENTIAL)] == whole.tokens[: len(SEQUENTIAL)]
-    assert variant.tokens[-1] != whole.tokens[-1], "no-cow: the hitting request's tokens did not change"
+    assert variant.tokens[: len(SEQUENTIAL)] == sub.tokens[: len(SEQUENTIAL)]
+    hitting = PROMPTS.index(HITTING)
+    assert variant.tokens[-1] != sub.tokens[hitting], "no-cow: the hitting request's tokens did not change"

@@ -199,6 +199,17 @@ WORKLOADS: tuple[Workload, ...] = (
         sub_block_size=4,
     ),
     Workload(
+        name="sub-block-siblings",
+        what="sub-block caching (size 8, block 32): 6 prompts of 40 leaving one run after 24 tokens, inside a block",
+        arrivals=tuple(
+            Arrival(f"req-{i}", 40, 8, at_step=2 * i, seed=60 + i, shared_prefix=24) for i in range(6)
+        ),
+        judged=(Figure.FINISHED, Figure.HIT_TOKENS, Figure.LEAKED),
+        block_size=32,
+        prefix_caching=True,
+        sub_block_size=8,
+    ),
+    Workload(
         name="pd-decode-side",
         what="P/D decode side: 8 requests, every prompt's KV but its last token loaded async (2 steps)",
         arrivals=_requests(8, 48, 16, every=1),

@@ -369,9 +369,8 @@ def test_sub_block_copies_are_in_kv_cache_block_copies(sub_block_size: int) -> N
         use_v2_model_runner=False,
     )
     driver = drive(scheduler)
-    # The later two extend the first's whole 26-token prompt: they hit its partial
-    # entry, 24 tokens at sub-block 4 and 8 (tests/support/upstream_rules.py), which
-    # ends inside block 1.
+    # The later two extend the first's whole 26-token prompt: they hit its last sub-block
+    # boundary, 24 tokens at sub-block 4 and 8, which ends inside block 1.
     first = h.distinct_prompt(3, 26)
     for i, tail in enumerate((0, 14, 20)):
         prompt = first + h.distinct_prompt(50 + i, tail)

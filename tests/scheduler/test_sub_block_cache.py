@@ -18,7 +18,6 @@ from typing import Any
 
 import pytest
 import sched_harness as h
-from upstream_rules import partial_entry_tokens
 
 BLOCK = h.BLOCK_SIZE  # 16
 # The prefill chunk: at most the block (vllm-rbln's rule, block >= chunk >=
@@ -95,8 +94,9 @@ def prefill_steps(driver: h.Driver, req_id: str, prompt_len: int) -> None:
 
 
 def extends_a(sub_block_size: int, first_len: int, second_len: int) -> tuple[int, int, int, int, int, bool]:
-    """A case where B's prompt extends A's whole prompt: B hits what A's partial entry covers."""
-    hit = partial_entry_tokens(first_len, sub_block_size)
+    """A case where B's prompt extends A's whole prompt: B hits to the last sub-block boundary
+    of A's prompt (every boundary of A's blocks is an entry)."""
+    hit = first_len // sub_block_size * sub_block_size
     return (sub_block_size, first_len, first_len, second_len, hit, hit % BLOCK != 0)
 
 
@@ -105,19 +105,28 @@ def extends_a(sub_block_size: int, first_len: int, second_len: int) -> tuple[int
     [
         # No shared prefix: no hit.
         (4, 26, 0, 30, 0, False),
-        # B extends A's whole prompt: it hits up to A's partial entry (upstream's rule,
-        # tests/support/upstream_rules.py: at 0.31.0 the prompt's last sub-block boundary;
-        # from 0.32.0 the last one below its end, one sub-block shorter for a prompt ending
-        # on a boundary), copied when that ends inside a block. At 0.31.0 / from 0.32.0:
-        # 20 tokens, sub-block 4: 20, copied / 16, a whole block.
+        # B extends A's whole prompt: it hits to A's prompt's last sub-block boundary at
+        # every pin (upstream's own rule registers one entry per prompt, which from 0.32.0
+        # is one sub-block short of a prompt ending on a boundary: 16 and 8 for the first
+        # two), copied when that ends inside a block. 20 tokens, sub-block 4: 20, copied.
         extends_a(4, 20, 30),
-        # 12 tokens, no whole block: 12 / 8, copied at both.
+        # 12 tokens, no whole block: 12, copied.
         extends_a(4, 12, 30),
-        # 26 tokens: 24 at both, sub-block 4 or 8, copied.
+        # 26 tokens: 24, sub-block 4 or 8, copied.
         extends_a(4, 26, 40),
         extends_a(8, 26, 40),
-        # Sub-block 8 rounds A's 20-token prompt down to 16 at both: a whole block.
+        # Sub-block 8 rounds A's 20-token prompt down to 16: a whole block.
         extends_a(8, 20, 30),
+        # Siblings: B leaves A's prompt inside one of A's blocks, and hits the sub-blocks
+        # before it (upstream's one entry per prompt gave the whole blocks only: 0, 16,
+        # 16, 16). Inside A's first, full block:
+        (4, 26, 13, 30, 12, True),
+        # Inside A's second block, full (A has 40 tokens): a block and 3 sub-blocks; at
+        # sub-block 8, the issue's siblings (24 of a block shared) at block 16.
+        (4, 40, 29, 40, 28, True),
+        (8, 40, 25, 40, 24, True),
+        # Inside A's last, partial block, before its prompt's last boundary (24).
+        (4, 26, 22, 30, 20, True),
         # Whole blocks only: a block-aligned shared prefix.
         (4, 32, 32, 40, 32, False),
         # Whole-block caching (sub-block off) hits 16 of the same 26.
@@ -168,6 +177,66 @@ def test_tail_block_is_never_shared_for_writing_with_a_running_request() -> None
     assert not {b.block_id for b in b_blocks[1:]} & {a.block_id for a in a_blocks}
     driver.run(30)
     assert driver.finished == {"A", "B"}
+    h.assert_all_blocks_free(scheduler)
+
+
+def test_a_sibling_hits_a_running_request_s_block_before_the_divergence() -> None:
+    """A is still running (decoding into its partial block) when B, which leaves A's prompt
+    two tokens before its end, hits the sub-blocks of that block before the divergence
+    (20 tokens, sub-block 4): B gets a copy, A keeps writing its own block."""
+    scheduler, driver, record, hit = run_shared_prefix(4, 26, 22, 40, a_running=True)
+    assert hit == 20
+    manager = scheduler.kv_cache_manager
+    a_blocks = manager.get_blocks("A").blocks[0]
+    b_blocks = manager.get_blocks("B").blocks[0]
+    assert b_blocks[0] is a_blocks[0]
+    assert record.block_copies == [(a_blocks[1].block_id, b_blocks[1].block_id)]
+    assert not {b.block_id for b in b_blocks[1:]} & {a.block_id for a in a_blocks}
+    driver.run(30)
+    assert driver.finished == {"A", "B"}
+    h.assert_all_blocks_free(scheduler)
+
+
+def test_generated_tokens_are_indexed_by_sub_block() -> None:
+    """A's prompt (20 tokens) and its generated tokens fill A's second block to 27 tokens:
+    a prompt that repeats A's prompt and 6 of its generated tokens hits the 24 of them
+    that end on a sub-block boundary (not only A's prompt's 20)."""
+    scheduler = make_scheduler(h.sub_block_settings(4))
+    driver = h.Driver(scheduler)
+    a_prompt = prompt(20, seed=1)
+    driver.add(h.make_request("A", a_prompt, max_tokens=8, hash_block_size=4))
+    driver.run(20, until=["A"])
+    b_prompt = a_prompt + [h.SAMPLED_TOKEN] * 6 + prompt(10, seed=2)
+    driver.add(h.make_request("B", b_prompt, max_tokens=2, hash_block_size=4))
+    record = driver.step()
+    assert record.num_scheduled_tokens["B"] == len(b_prompt) - 24
+    assert len(record.block_copies) == 1
+    driver.run(20)
+    assert "B" in driver.finished
+    h.assert_all_blocks_free(scheduler)
+
+
+def test_the_sub_block_entries_go_with_their_block() -> None:
+    """Every sub-block boundary of A's blocks is an entry of the block that holds it, and
+    nothing else holds any: when the pool hands A's blocks to other requests, the entries
+    are gone with them, and a sibling of A then hits nothing."""
+    scheduler = make_scheduler(h.sub_block_settings(4), num_blocks=5)  # 4 usable
+    pool = scheduler.kv_cache_manager.block_pool
+    driver = h.Driver(scheduler)
+    a_prompt = prompt(26, seed=1)
+    driver.add(h.make_request("A", a_prompt, max_tokens=1, hash_block_size=4))
+    driver.run(10, until=["A"])
+    # Block 0: 3 interior boundaries and its full hash; block 1: 26 tokens, 2 boundaries.
+    assert len(pool.cached_block_hash_to_block) == 6
+    assert sum(block.block_hash is not None for block in pool.blocks) == 2
+    driver.add(h.make_request("C", prompt(60, seed=3), max_tokens=1, hash_block_size=4))
+    driver.run(10, until=["C"])
+    # C took every block: A's entries went with them; C's 15 boundaries are what is left.
+    assert len(pool.cached_block_hash_to_block) == 60 // 4
+    driver.add(h.make_request("B", a_prompt[:13] + prompt(17, seed=2), max_tokens=1, hash_block_size=4))
+    record = driver.step()
+    assert record.num_scheduled_tokens["B"] == 30
+    driver.run(10)
     h.assert_all_blocks_free(scheduler)
 
 
