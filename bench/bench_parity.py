@@ -8,7 +8,8 @@ Sets up both sides as the parity tier does (docs/parity.md; cache hits after a t
 
 * steps per output token on the P/D decode side (workload ``pd-decode-side``; lower is better);
 * steps on a roomy async workload (``async-roomy``, two batches in flight; lower is better);
-* sub-block hit tokens per admission (``sub-block-shared-prefix``; higher is better);
+* sub-block hit tokens per admission (``sub-block-shared-prefix`` and ``sub-block-siblings``;
+  higher is better);
 * the CPU time of one ``schedule()`` + ``update_from_output()`` with 32 requests decoding
   (the mean over ``--steps`` steps; lower is better). The two sides run one after the other,
   each in its own process, so they do not share the two cores.
@@ -44,7 +45,7 @@ from vllm_rbln_fork.testing import parity  # noqa: E402
 from vllm_rbln_fork.testing.runner import HF_FIXTURES, _test_lock, source_tree, vllm_venv  # noqa: E402
 
 DRIVE = ROOT / "tests" / "parity" / "drive.py"
-WORKLOADS = ("pd-decode-side", "async-roomy", "sub-block-shared-prefix")
+WORKLOADS = ("pd-decode-side", "async-roomy", "sub-block-shared-prefix", "sub-block-siblings")
 
 
 def _drive(python: Path, side: str, tree: Path, args: list[str], out: Path) -> dict[str, object]:
@@ -101,6 +102,7 @@ def main() -> int:
         ("steps per output token, P/D decode side", "pd-decode-side", "steps_per_token", "lower"),
         ("steps, roomy async (2 batches in flight)", "async-roomy", "steps", "lower"),
         ("sub-block hit tokens per admission", "sub-block-shared-prefix", "hit_tokens", "higher"),
+        ("sub-block hit tokens per admission, siblings", "sub-block-siblings", "hit_tokens", "higher"),
     ]
     print(f"ours (vllm {pin}) / vllm-rbln 0.12.0 (vllm 0.30.0), one run:\n")
     print(f"{'figure':<58}{'ours':>10}{'vllm-rbln':>12}{'ratio':>9}  better")
