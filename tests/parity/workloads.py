@@ -200,7 +200,7 @@ WORKLOADS: tuple[Workload, ...] = (
     ),
     Workload(
         name="sub-block-siblings",
-        what="sub-block caching (size 8, block 32): 6 prompts of 40 leaving one run after 24 tokens, inside a block",
+        what="sub-block caching (size 8, block 32): 6 prompts of 40 leave one run after 24 tokens",
         arrivals=tuple(
             Arrival(f"req-{i}", 40, 8, at_step=2 * i, seed=60 + i, shared_prefix=24) for i in range(6)
         ),
