@@ -209,3 +209,32 @@ def test_behind_a_full_decode_batch_a_prompt_is_admitted_when_the_pool_holds_the
     # req-4's prefill follows req-3's at once (steps 8 and 9), before any decode.
     assert driver.steps[8].prefill_req_ids == ["req-4"]
     h.assert_all_blocks_free(driver.scheduler)
+
+
+def test_a_running_prompts_one_token_last_chunk_keeps_its_next_block() -> None:
+    """4 usable 16-token blocks, chunks of 16. A 33-token prompt has run its
+    two chunks (32 tokens, 2 blocks): its last token is a decode's input and
+    runs with the next decode step (patch "Let a running prompt's one-token
+    last chunk join the decode batch"), where it needs a third block. A
+    20-token prompt arriving then (its gate: 20 + 1 = 21 slots, 2 blocks)
+    must not be admitted into that block: its first decode step would find
+    the pool empty and preempt it (FCFS: the last running), its prefill
+    wasted. It waits for room instead.
+
+    Shown failing first on the series with the join and the reserve
+    counting only requests past their prompt (`is_prefill_chunk`):
+    preemptions {'prompt': 1}."""
+    scheduler = h.make_scheduler(num_blocks=5, max_model_len=256, max_num_batched_tokens=16)
+    driver = h.Driver(scheduler)
+    driver.add(h.named_request("chunked", 33, 4))
+    assert driver.step().prefill_req_ids == ["chunked"]
+    assert driver.step().prefill_req_ids == ["chunked"]
+    assert h.blocks_held(scheduler, "chunked") == 2
+    driver.add(h.named_request("prompt", 20, 3))
+    record = driver.step()
+    # The last token runs as a decode; the prompt waits.
+    assert record.decode_req_ids == ["chunked"] and record.prefill_req_ids == [], record
+    driver.run(60)
+    assert driver.finished == {"chunked", "prompt"}
+    assert driver.preemptions == {}, f"preemptions {driver.preemptions}"
+    h.assert_all_blocks_free(scheduler)

@@ -138,6 +138,33 @@ def test_a_one_token_prompt_is_decode_ready_with_nothing_computed() -> None:
     h.assert_all_blocks_free(scheduler)
 
 
+def test_a_chunked_prompts_one_token_last_chunk_joins_the_decode_batch() -> None:
+    """A 33-token prompt in 16-token chunks: 16 and 16 run alone, and the last
+    token, a decode's input (every token but the last in the KV cache), runs
+    in the running decode's step, as a decode-ready admission does; a full
+    prefix hit of that prompt arriving then joins the same step.
+
+    Shown failing first on the series without the patch "Let a running
+    prompt's one-token last chunk join the decode batch" (the last token took
+    a step of its own, the decode and the hit waiting)."""
+    scheduler = h.make_scheduler(enable_prefix_caching=True, max_model_len=512, max_num_batched_tokens=16)
+    driver = h.Driver(scheduler)
+    driver.add(h.named_request("d", 10, 20))
+    driver.step()  # d's prefill
+    prompt = h.distinct_prompt(12, 33)
+    driver.add(h.make_request("chunked", prompt, 4))
+    assert driver.step().prefill_req_ids == ["chunked"]
+    assert driver.step().prefill_req_ids == ["chunked"]
+    driver.add(h.make_request("hit", prompt, 4))
+    record = driver.step()
+    assert record.num_computed_before == {"d": 10, "chunked": 32, "hit": 32}
+    assert sorted(record.decode_req_ids) == ["chunked", "d", "hit"] and record.prefill_req_ids == []
+    driver.run(50)
+    assert driver.finished == {"d", "chunked", "hit"}
+    assert driver.preemptions == {}
+    h.assert_all_blocks_free(scheduler)
+
+
 def test_a_prefill_behind_a_decode_ready_request_gets_the_next_step_alone() -> None:
     scheduler = h.make_scheduler(enable_prefix_caching=True, max_model_len=512)
     driver = h.Driver(scheduler)
@@ -238,6 +265,41 @@ def test_a_full_prefix_hit_counts_in_the_pp_decode_demand() -> None:
     h.assert_all_blocks_free(scheduler)
 
 
+def test_full_prefix_hits_join_past_the_pp_share_up_to_the_hard_cap() -> None:
+    """pp 2, max_num_seqs 8 (a hard cap of 4 a microbatch): four decodes run
+    two a microbatch (their demand, 4, over pp). Two full prefix hits arrive
+    at once: both join the next microbatch (2 + 2, the hard cap), not one of
+    them held a round by the share (ceil(6 / 2) = 3) for the other
+    microbatch. The running decodes keep the share, so the round after is
+    balanced again (3 + 3).
+
+    Shown failing first on the series whose decode-ready admissions met the
+    share (the second hit scheduled a step later)."""
+    scheduler = h.make_scheduler(
+        enable_prefix_caching=True, max_model_len=512, max_num_seqs=8, pipeline_parallel_size=2
+    )
+    driver = h.Driver(scheduler, max_in_flight=2)
+    prompt = h.distinct_prompt(11, 33)
+    driver.add(h.make_request("a", prompt, 40))
+    for name in ("b", "c", "d"):
+        driver.add(h.named_request(name, 20, 40))
+    _start_decodes_at_pp2(driver, ("a", "b", "c", "d"))
+    arrival = len(driver.steps)
+    for name in ("hit-0", "hit-1"):
+        driver.add(h.make_request(name, prompt, 4))
+    driver.run(300)
+    assert driver.finished == {"a", "b", "c", "d", "hit-0", "hit-1"}
+    after = [step for step in driver.steps[arrival:] if step.num_scheduled_tokens]
+    first = after[0]
+    assert first.num_computed_before.get("hit-0") == 32, first
+    assert sorted(first.decode_req_ids)[-2:] == ["hit-0", "hit-1"], first
+    assert len(first.decode_req_ids) == 4 and first.prefill_req_ids == []
+    assert [len(step.decode_req_ids) for step in after[1:4]] == [2, 3, 3], after[1:4]
+    assert max(len(step.num_scheduled_tokens) for step in driver.steps) <= 4
+    assert driver.preemptions == {}
+    h.assert_all_blocks_free(scheduler)
+
+
 @pytest.mark.parametrize("pipeline_parallel_size", [1, 2], ids=["pp1", "pp2-batch-full"])
 def test_an_arrival_behind_a_landed_request_starts_its_load_in_the_same_step(
     pipeline_parallel_size: int,
@@ -246,9 +308,9 @@ def test_an_arrival_behind_a_landed_request_starts_its_load_in_the_same_step(
     decodes' step, and a request that arrived behind it starts its own remote
     load in that step (its admission computes nothing, so it does not take a
     place in the batch), not a step later. At pp 2 (max_num_seqs 4, vLLM's
-    batch queue) the landed request fills its microbatch alone (the decode
-    demand is 2: a cap of 1, the running decode being in flight in the
-    other); the load starts all the same.
+    batch queue) the landed request is its microbatch's only decode (the
+    running decode is in flight in the other); the load starts all the
+    same.
 
     Shown failing first on 0.31.0+rbln.15, whose decode-step waiting pass
     admitted decode-ready requests only (the load started a step later)."""
