@@ -75,6 +75,26 @@ def test_vllm_picks_the_async_form_when_async_scheduling_is_on() -> None:
     assert config.get_scheduler_cls().__name__ == "Scheduler"
 
 
+def test_a_subclass_keeps_its_own_overrides_under_async_scheduling() -> None:
+    """A subclass inherits `async_scheduler_cls`; taking the parent's async form
+    would drop the subclass's overrides without a word (hostile review). vLLM
+    keeps the named class then, and the sync form says how to give it an async
+    form of its own."""
+    from vllm.v1.core.sched.rbln_scheduler import RBLNAsyncScheduler, RBLNScheduler
+
+    class MyPolicy(RBLNScheduler):
+        pass
+
+    class MyAsyncPolicy(RBLNAsyncScheduler):
+        pass
+
+    config = h.make_scheduler().scheduler_config
+    config.async_scheduling = True
+    for named in (MyPolicy, MyAsyncPolicy):
+        config.scheduler_cls = named
+        assert config.get_scheduler_cls() is named
+
+
 def test_a_decode_whose_batch_is_in_flight_is_scheduled_again() -> None:
     scheduler = make()
     assert type(scheduler).__name__ == "RBLNAsyncScheduler"
