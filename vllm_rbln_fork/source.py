@@ -298,18 +298,24 @@ def _credentials_off_the_command_line(url: str) -> tuple[str, dict[str, str]]:
     URL: ssh takes a user name there, and a key, not a secret, authenticates it. A secret
     in the query or fragment (``?token=``) is refused: the server reads it in the URL, and
     git hands the URL to its remote helper as an argument however config rewrites it
-    (``url.<base>.insteadOf`` included)."""
+    (``url.<base>.insteadOf`` included). An http(s) URL's query or fragment is refused
+    whatever its names (``?jwt=`` is as secret as ``?token=``, and no list of names is
+    complete): git's smart HTTP needs neither. Other schemes are refused only for what
+    ``urls.redact`` would hide."""
     parts = urllib.parse.urlsplit(url)
     userinfo, at, hostport = parts.netloc.rpartition("@")
     bare = urllib.parse.urlunsplit(parts._replace(netloc=hostport))
-    if redact(bare) != bare:
+    web = parts.scheme in ("http", "https")
+    if (web and (parts.query or parts.fragment)) or redact(bare) != bare:
+        shown = urllib.parse.urlunsplit(parts._replace(netloc=hostport, query="", fragment=""))
         raise ForkError(
-            f"the git URL {url} has a secret in its query or fragment, which git would put on its "
-            f"command line (ps shows that to every user of the machine); nothing was cloned. Give "
-            f"it as the URL's password (USER:TOKEN@ before the host: it goes to git as a header, "
-            f"off the command line) or through a git credential helper, not in the query."
+            f"the git URL {shown} has a query or fragment (?... or #...); git would put it on "
+            f"its command line (ps shows that to every user of the machine); nothing was cloned. "
+            f"Give a secret as the URL's password (USER:TOKEN@ before the host: it goes to git as "
+            f"a header, off the command line) or through a git credential helper, not in the URL's "
+            f"query; git's HTTP transport needs no query."
         )
-    if parts.scheme not in ("http", "https") or not at:
+    if not web or not at:
         return url, {}
     user, colon, secret = (urllib.parse.unquote(part) for part in userinfo.partition(":"))
     if colon:

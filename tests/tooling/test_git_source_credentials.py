@@ -158,7 +158,9 @@ def test_a_build_from_a_git_url_records_it_without_its_secret(fork, tmp_path: Pa
     assert f"Imported from git {shown} at v1.1." in messages and SECRET not in messages
 
 
-@pytest.mark.parametrize("param", ["?token=", "?ref=x&auth[token]=", "#access_token="])
+@pytest.mark.parametrize(
+    "param", ["?token=", "?ref=x&auth[token]=", "#access_token=", "?jwt=", "#session=", "?code="]
+)
 def test_a_secret_in_a_git_urls_query_is_refused_before_git_runs(
     served_repo: tuple[str, list[str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, param: str
 ) -> None:
@@ -168,7 +170,7 @@ def test_a_secret_in_a_git_urls_query_is_refused_before_git_runs(
     trace = tmp_path / "git-trace.log"
     monkeypatch.setenv("GIT_TRACE", str(trace))
     with pytest.raises(
-        ForkError, match=r"git would put on its command line.*USER:TOKEN@ before the host"
+        ForkError, match=r"git would put it on its command line.*USER:TOKEN@ before the host"
     ) as refused:
         clone_ref(f"{url}{param}q-{SECRET}", "v1", tmp_path / "clone")
     assert SECRET not in str(refused.value)
