@@ -24,12 +24,19 @@ from .pins import LockedSdist, Pin, PinsLock
 from .urls import redact
 
 
-def _check_user_info_is_encoded(url: str) -> None:
-    """Refuse a URL whose password holds a raw ``/``, ``?`` or ``#``
-    (``https://user:pa#ss@host/r``): the authority then ends inside the password, which is
-    read as a port (``user:pa``) or leaves its ``@`` in the fragment, so nothing treats it as
-    user info: git would get it on its command line and ``urls.redact`` would not hide it in a
-    log, a message or the recorded source. The message does not repeat the URL."""
+def _check_git_url(url: str) -> None:
+    """Refuse, before anything logs or records the URL, a git URL that would show a secret.
+
+    * A password holding a raw ``/``, ``?`` or ``#`` (``https://user:pa#ss@host/r``): the
+      authority then ends inside the password, which is read as a port (``user:pa``) or
+      leaves its ``@`` in the fragment, so nothing treats it as user info: git would get it
+      on its command line and ``urls.redact`` would not hide it. The message does not repeat
+      the URL.
+    * A query or fragment of an http(s) URL, whatever its names (``?jwt=`` is as secret as
+      ``?token=``, and no list of names is complete; git's smart HTTP needs neither), and
+      of another scheme what ``urls.redact`` would hide: git hands the URL to its remote
+      helper as an argument however config rewrites it (``url.<base>.insteadOf`` included).
+    """
     parts = urllib.parse.urlsplit(url)
     try:
         parts.port  # noqa: B018 (raises on a port that is not a number)
@@ -43,6 +50,17 @@ def _check_user_info_is_encoded(url: str) -> None:
             "it (the URL is not repeated here, so the password is not shown). Percent-encode "
             "them in the user info ('/' %2F, '?' %3F, '#' %23), or give the password through "
             "a git credential helper."
+        )
+    no_user = parts._replace(netloc=parts.netloc.rpartition("@")[2])
+    plain = urllib.parse.urlunsplit(no_user)
+    if (parts.scheme in ("http", "https") and (parts.query or parts.fragment)) or redact(plain) != plain:
+        shown = urllib.parse.urlunsplit(no_user._replace(query="", fragment=""))
+        raise ForkError(
+            f"--source: the git URL {shown} has a query or fragment (?... or #...); git would put "
+            f"it on its command line (ps shows that to every user of the machine). Give a secret "
+            f"as the URL's password (USER:TOKEN@ before the host: it goes to git as a header, off "
+            f"the command line) or through a git credential helper, not in the URL's query; git's "
+            f"HTTP transport needs no query."
         )
 
 
@@ -84,7 +102,7 @@ class SourceSpec:
                     f"follows the repository's path. Write a git source as git+URL@REF "
                     f"(git+https://host/org/repo.git@v1.0)."
                 )
-            _check_user_info_is_encoded(url)
+            _check_git_url(url)
             return cls(SourceKind.GIT, url, ref)
         path = Path(source).expanduser().resolve()
         if path.is_file() and path.name.endswith((".tar.gz", ".tgz")):
@@ -296,26 +314,11 @@ def _credentials_off_the_command_line(url: str) -> tuple[str, dict[str, str]]:
     user's password on the server's challenge, as it does with the name in the URL; the
     name may be a token, so it stays off the command line too. Other schemes keep their
     URL: ssh takes a user name there, and a key, not a secret, authenticates it. A secret
-    in the query or fragment (``?token=``) is refused: the server reads it in the URL, and
-    git hands the URL to its remote helper as an argument however config rewrites it
-    (``url.<base>.insteadOf`` included). An http(s) URL's query or fragment is refused
-    whatever its names (``?jwt=`` is as secret as ``?token=``, and no list of names is
-    complete): git's smart HTTP needs neither. Other schemes are refused only for what
-    ``urls.redact`` would hide."""
+    in the query or fragment never gets here (``SourceSpec.parse`` refuses it)."""
     parts = urllib.parse.urlsplit(url)
     userinfo, at, hostport = parts.netloc.rpartition("@")
     bare = urllib.parse.urlunsplit(parts._replace(netloc=hostport))
-    web = parts.scheme in ("http", "https")
-    if (web and (parts.query or parts.fragment)) or redact(bare) != bare:
-        shown = urllib.parse.urlunsplit(parts._replace(netloc=hostport, query="", fragment=""))
-        raise ForkError(
-            f"the git URL {shown} has a query or fragment (?... or #...); git would put it on "
-            f"its command line (ps shows that to every user of the machine); nothing was cloned. "
-            f"Give a secret as the URL's password (USER:TOKEN@ before the host: it goes to git as "
-            f"a header, off the command line) or through a git credential helper, not in the URL's "
-            f"query; git's HTTP transport needs no query."
-        )
-    if not web or not at:
+    if parts.scheme not in ("http", "https") or not at:
         return url, {}
     user, colon, secret = (urllib.parse.unquote(part) for part in userinfo.partition(":"))
     if colon:
