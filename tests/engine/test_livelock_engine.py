@@ -27,7 +27,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from engine_kit import COUNTING, NGRAM, first_difference, run, variant_site
+from engine_kit import COUNTING, NGRAM, assert_same_tokens, run, variant_site
 
 NO_BACKPORT = Path(__file__).resolve().parents[1] / "scheduler" / "variants" / "no-backport.patch"
 DECODES = [[3 + (7 * i + j) % 500 for j in range(36)] for i in range(2)]
@@ -68,4 +68,4 @@ def test_the_gate_keeps_the_prompt_out_until_it_fits(model: Path, no_backport: P
     else:  # its final chunk cannot get a block: the progress guarantee preempts a decode
         assert variant.preemptions and "2" not in requests(variant.preemptions), variant.preemptions
     # Whatever the scheduling, greedy outputs agree.
-    assert variant.tokens == series.tokens, first_difference(series.tokens, variant.tokens)
+    assert_same_tokens(variant, series, "the variant")

@@ -16,7 +16,7 @@ from engine_kit import (
     COUNTING_UPSTREAM,
     NGRAM,
     Outcome,
-    first_difference,
+    assert_same_tokens,
     prompts_with_shared_prefixes,
     run,
 )
@@ -56,7 +56,7 @@ def test_same_tokens(model: Path, reference: Outcome, config: str, pressure: boo
         extra = {"num_gpu_blocks_override": PRESSURE_BLOCKS} if pressure else {}
         outcome = run(model, PROMPTS, MAX_TOKENS, **kwargs, **extra)
     assert len(outcome.tokens) == len(PROMPTS) and all(len(t) == MAX_TOKENS for t in outcome.tokens)
-    assert outcome.tokens == reference.tokens, first_difference(reference.tokens, outcome.tokens)
+    assert_same_tokens(outcome, reference, config)
     if pressure:
         assert outcome.preemptions, f"{config}: the small pool ({PRESSURE_BLOCKS} blocks) preempted nothing"
     else:

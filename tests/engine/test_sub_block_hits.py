@@ -32,7 +32,7 @@ import random
 from pathlib import Path
 
 import pytest
-from engine_kit import BLOCK, NGRAM, RBLN, VOCAB, first_difference, run, variant_site
+from engine_kit import BLOCK, NGRAM, RBLN, VOCAB, assert_same_tokens, run, variant_site
 
 rng = random.Random(7)
 
@@ -91,7 +91,7 @@ def test_sub_block_hits_raise_the_hit_count_and_keep_the_tokens(model: Path, no_
     whole = run(model, PROMPTS, 8, batches=BATCHES, **COMMON, additional_config=WHOLE_BLOCKS)
     sub = run(model, PROMPTS, 8, batches=BATCHES, **COMMON, additional_config=SUB_BLOCKS)
 
-    assert sub.tokens == whole.tokens, first_difference(whole.tokens, sub.tokens)
+    assert_same_tokens(sub, whole, "sub-block caching")
     whole_hits, sub_hits = whole.metrics["vllm:prefix_cache_hits"], sub.metrics["vllm:prefix_cache_hits"]
     # Four extensions, each hitting its earlier prompt, and two siblings: whole blocks, or
     # every sub-block they share.
