@@ -27,33 +27,45 @@ from .urls import redact
 def _check_git_url(url: str) -> None:
     """Refuse, before anything logs or records the URL, a git URL that would show a secret.
 
-    * A password holding a raw ``/``, ``?`` or ``#`` (``https://user:pa#ss@host/r``): the
-      authority then ends inside the password, which is read as a port (``user:pa``) or
-      leaves its ``@`` in the fragment, so nothing treats it as user info: git would get it
-      on its command line and ``urls.redact`` would not hide it. The message does not repeat
+    * An ``@`` after the authority, or a port that is not a number: a password holding a
+      raw ``/``, ``?`` or ``#`` (``https://user:12/cret@host/r``, ``https://user:pa#ss@h/r``)
+      ends the authority inside it, so nothing reads it as user info: git would get it on
+      its command line and ``urls.redact`` would not hide it. The message does not repeat
       the URL.
+    * A password in a URL other than http(s) (``ssh://``, ``ftp://``): only http(s) user
+      info goes to git off its command line (``_credentials_off_the_command_line``).
     * A query or fragment of an http(s) URL, whatever its names (``?jwt=`` is as secret as
       ``?token=``, and no list of names is complete; git's smart HTTP needs neither), and
       of another scheme what ``urls.redact`` would hide: git hands the URL to its remote
       helper as an argument however config rewrites it (``url.<base>.insteadOf`` included).
+    An scp-like ``user@host:path`` has no password to check.
     """
     parts = urllib.parse.urlsplit(url)
+    if "://" not in url:
+        return
     try:
-        parts.port  # noqa: B018 (raises on a port that is not a number)
-        raw = "@" in parts.fragment
+        parts.port  # noqa: B018 (raises on a port that is not a number: 'user:pa' of 'user:pa#ss')
+        raw = "@" in parts.path + parts.query + parts.fragment
     except ValueError:
         raw = True
     if raw:
         raise ForkError(
-            f"--source: the git URL ({parts.scheme}://...) is not scheme://[user[:password]@]"
-            "host[:port]/path: a password holding a raw '/', '?' or '#' ends the host inside "
-            "it (the URL is not repeated here, so the password is not shown). Percent-encode "
-            "them in the user info ('/' %2F, '?' %3F, '#' %23), or give the password through "
-            "a git credential helper."
+            f"--source: the git URL ({parts.scheme}://...) has an '@' after its host: a password "
+            "holding a raw '/', '?' or '#' ends the host inside it (the URL is not repeated "
+            "here, so the password is not shown). Percent-encode them in the user info "
+            "('/' %2F, '?' %3F, '#' %23, '@' %40), or give the password through a git "
+            "credential helper."
+        )
+    web = parts.scheme in ("http", "https")
+    if not web and parts.password:
+        raise ForkError(
+            f"--source: a password in a {parts.scheme}:// git URL would go to git's command "
+            "line (ps shows that to every user of the machine). Use a key or a git credential "
+            "helper, or an https:// URL, whose password goes to git as a header."
         )
     no_user = parts._replace(netloc=parts.netloc.rpartition("@")[2])
     plain = urllib.parse.urlunsplit(no_user)
-    if (parts.scheme in ("http", "https") and (parts.query or parts.fragment)) or redact(plain) != plain:
+    if (web and (parts.query or parts.fragment)) or redact(plain) != plain:
         shown = urllib.parse.urlunsplit(no_user._replace(query="", fragment=""))
         raise ForkError(
             f"--source: the git URL {shown} has a query or fragment (?... or #...); git would put "
@@ -313,8 +325,8 @@ def _credentials_off_the_command_line(url: str) -> tuple[str, dict[str, str]]:
     ``credential.username``, so git asks its credential helper (or the terminal) for that
     user's password on the server's challenge, as it does with the name in the URL; the
     name may be a token, so it stays off the command line too. Other schemes keep their
-    URL: ssh takes a user name there, and a key, not a secret, authenticates it. A secret
-    in the query or fragment never gets here (``SourceSpec.parse`` refuses it)."""
+    URL: ``SourceSpec.parse`` refused a password there, and a secret in any query or
+    fragment (``_check_git_url``)."""
     parts = urllib.parse.urlsplit(url)
     userinfo, at, hostport = parts.netloc.rpartition("@")
     bare = urllib.parse.urlunsplit(parts._replace(netloc=hostport))

@@ -111,6 +111,9 @@ def test_a_git_url_with_user_info_but_no_ref_is_refused_with_the_secret_hidden(s
         f"git+https://ci:p?{SECRET}@host/org/r.git@v1",
         f"git+https://ci:p/{SECRET}@host/org/r.git@v1",
         f"git+https://ci:12#{SECRET}@host/org/r.git@v1",  # a port-like start: '@' in the fragment
+        f"git+https://ci:12/{SECRET}@host/org/r.git@v1",  # a port-like start: '@' in the path
+        f"git+https://ci:12?{SECRET}@host/org/r.git@v1",  # a port-like start: '@' in the query
+        f"git+ssh://ci:123?{SECRET}@host/org/r.git@v1",
         f"git+https://ci:p#{SECRET}@host/org/r.git",  # and no @REF
     ],
 )
@@ -124,12 +127,23 @@ def test_a_password_with_a_raw_delimiter_is_refused_unshown(source: str) -> None
 
 
 @pytest.mark.parametrize(
+    "source", [f"git+ssh://ci:{SECRET}@host/r.git@v1", f"git+ftp://ci:{SECRET}@host/r@v1"]
+)
+def test_a_password_outside_https_is_refused_unshown(source: str) -> None:
+    # Only an http(s) password goes to git as a header; elsewhere the URL, password and all,
+    # was git's (and ssh's) argument.
+    with pytest.raises(ForkError, match=r"would go to git's command line.*credential helper") as refused:
+        SourceSpec.parse(source, None)
+    assert SECRET not in str(refused.value)
+
+
+@pytest.mark.parametrize(
     ("source", "location", "ref"),
     [
         (f"git+https://ci:{SECRET}@host/r.git@v1", f"https://ci:{SECRET}@host/r.git", "v1"),
         ("git+https://ci:p@ss@host/r@refs/tags/v1", "https://ci:p@ss@host/r", "refs/tags/v1"),
         ("git+git@host:org/r.git@v1", "git@host:org/r.git", "v1"),  # scp-like: no '://'
-        ("git+https://host:8443/org/r@x.git@v1", "https://host:8443/org/r@x.git", "v1"),
+        ("git+https://host:8443/org/r.git@v1", "https://host:8443/org/r.git", "v1"),
         ("git+https://ci:p%23q@host/r.git@v1", "https://ci:p%23q@host/r.git", "v1"),  # encoded
     ],
 )
