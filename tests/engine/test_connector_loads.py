@@ -69,7 +69,7 @@ def connector(store: Path, *, async_load: bool = False) -> dict[str, Any]:
 class Stored:
     reference: Outcome  # upstream's Scheduler, no connector, no prefix caching
     store: Path
-    folders: list[Path]
+    files: dict[Path, int]  # every stored file and its st_mtime_ns after run 1
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +86,11 @@ def stored(model: Path, tmp_path_factory: pytest.TempPathFactory) -> Stored:
     folders = sorted(store.iterdir())
     assert len(folders) == len(PROMPTS), folders  # one a prompt, named by its tokens' hash
     assert all(sorted(f.name for f in folder.iterdir()) == LAYER_FILES for folder in folders), folders
-    return Stored(reference, store, folders)
+    return Stored(reference, store, _stored_files(store))
+
+
+def _stored_files(store: Path) -> dict[Path, int]:
+    return {f: f.stat().st_mtime_ns for f in sorted(store.rglob("*")) if f.is_file()}
 
 
 @pytest.mark.parametrize("load", LOADS)
@@ -110,4 +114,5 @@ def test_connector_loads_are_decode_ready_and_keep_the_tokens(model: Path, store
     assert_decode_ready(loaded, PROMPTS, one_batch=scheduler == COUNTING, width=width)
     if ngram:  # drafts really made and used after the loads
         assert loaded.metrics.get("vllm:spec_decode_num_accepted_tokens", 0) > 0, loaded.metrics
-    assert sorted(stored.store.iterdir()) == stored.folders, "run 2 stored a prompt again"
+    # Folders are named by the tokens' hash: a prompt stored again would rewrite its files.
+    assert _stored_files(stored.store) == stored.files, "run 2 stored a prompt again"

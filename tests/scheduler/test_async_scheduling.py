@@ -75,11 +75,14 @@ def test_vllm_picks_the_async_form_when_async_scheduling_is_on() -> None:
     assert config.get_scheduler_cls().__name__ == "Scheduler"
 
 
-def test_a_subclass_keeps_its_own_overrides_under_async_scheduling() -> None:
+def test_a_subclass_keeps_its_own_overrides_under_async_scheduling(caplog: pytest.LogCaptureFixture) -> None:
     """A subclass inherits `async_scheduler_cls`; taking the parent's async form
     would drop the subclass's overrides without a word (hostile review). vLLM
-    keeps the named class then, and the sync form says how to give it an async
-    form of its own."""
+    keeps the named class then, and the sync form, built, says how to give it an
+    async form of its own; a subclass that names one gets it."""
+    import logging
+
+    from tests.v1.core.utils import create_scheduler
     from vllm.v1.core.sched.rbln_scheduler import RBLNAsyncScheduler, RBLNScheduler
 
     class MyPolicy(RBLNScheduler):
@@ -88,11 +91,34 @@ def test_a_subclass_keeps_its_own_overrides_under_async_scheduling() -> None:
     class MyAsyncPolicy(RBLNAsyncScheduler):
         pass
 
+    class MyNamedPolicy(RBLNScheduler):
+        @classmethod
+        def async_scheduler_cls(cls) -> type:
+            return MyNamedAsyncPolicy
+
+    class MyNamedAsyncPolicy(MyNamedPolicy, RBLNAsyncScheduler):
+        pass
+
     config = h.make_scheduler().scheduler_config
     config.async_scheduling = True
-    for named in (MyPolicy, MyAsyncPolicy):
+    for named, picked in (
+        (MyPolicy, MyPolicy),
+        (MyAsyncPolicy, MyAsyncPolicy),
+        (MyNamedPolicy, MyNamedAsyncPolicy),
+    ):
         config.scheduler_cls = named
-        assert config.get_scheduler_cls() is named
+        assert config.get_scheduler_cls() is picked
+
+    def built_under_async(**kwargs: Any) -> Any:
+        kwargs["vllm_config"].scheduler_config.async_scheduling = True
+        return MyPolicy(**kwargs)
+
+    with caplog.at_level(logging.WARNING):
+        create_scheduler(scheduler_cls=built_under_async, block_size=h.BLOCK_SIZE)  # type: ignore[arg-type]
+    assert any(
+        "MyPolicy is not an AsyncScheduler" in r.getMessage() and "async_scheduler_cls" in r.getMessage()
+        for r in caplog.records
+    ), [r.getMessage() for r in caplog.records]
 
 
 def test_a_decode_whose_batch_is_in_flight_is_scheduled_again() -> None:
