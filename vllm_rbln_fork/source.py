@@ -353,10 +353,10 @@ def clone_ref(url: str, ref: str, dest: Path) -> tuple[Path, int]:
         repo = git.Repo.clone_from(bare_url, dest, no_checkout=True, env=auth_env)
         repo.git.checkout(ref)
     except git.GitCommandError as exc:
-        raise ForkError(f"cannot check out {ref!r} from {redact(url)}: {exc.stderr.strip()}") from None
+        raise ForkError(f"cannot check out {ref!r} from {url}: {exc.stderr.strip()}") from None
     except git.UnsafeProtocolError:
         raise ForkError(
-            f"--source git+{redact(url)}@{ref}: git's ext:: transport runs a command; it is refused. "
+            f"--source git+{url}@{ref}: git's ext:: transport runs a command; it is refused. "
             f"Give an https://, ssh:// or file:// URL, or a local path."
         ) from None
     epoch = int(repo.head.commit.committed_date)
