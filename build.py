@@ -110,43 +110,6 @@ def _uv_and_pip_from(pip_wheel: Path, python: Path) -> bool:
     return subprocess.run([*uv, str(pip_wheel)], **quiet).returncode == 0  # type: ignore[call-overload]
 
 
-# pip's index settings, and the variables that give them to uv: in its environment, not on
-# its command line, where any user's ``ps`` would show a token in an index URL.
-UV_INDEX_VARIABLES = {
-    "index-url": "UV_INDEX_URL",
-    "extra-index-url": "UV_EXTRA_INDEX_URL",
-    "find-links": "UV_FIND_LINKS",
-}
-UV_SEPARATOR = {"UV_INDEX_URL": " ", "UV_EXTRA_INDEX_URL": " ", "UV_FIND_LINKS": ","}
-# Every variable by which uv (0.13, bootstrap.lock) takes an index from its environment:
-# none is inherited, so pip's settings are the only ones (a user's UV_DEFAULT_INDEX naming
-# an index out of reach failed the install, as uv asks every index it is given).
-UV_INHERITED_INDEX_VARIABLES = (*UV_INDEX_VARIABLES.values(), "UV_DEFAULT_INDEX", "UV_INDEX", "UV_NO_INDEX")
-
-
-def uv_environment(environ: dict[str, str], index_env: dict[str, str]) -> dict[str, str]:
-    """uv's environment: ours (``environ``) without any index of uv's own, plus pip's
-    (``index_env``, from :func:`uv_options`)."""
-    return {k: v for k, v in environ.items() if k not in UV_INHERITED_INDEX_VARIABLES} | index_env
-
-
-def uv_options(settings: dict[str, str]) -> tuple[list[str], dict[str, str]]:
-    """uv's options and environment for the indexes pip is configured with: uv does not read
-    pip's configuration, and is told to read none of its own (``--no-config``), so pip's
-    settings are the only ones, as for pip. uv's default ``first-index`` strategy takes a
-    package only from the first index that has it; pip takes the best match from all of
-    them, and so is uv told to (the locks' hashes pin every file). The URLs go in the
-    environment (``UV_INDEX_URL``, ...), which only the user and root can read."""
-    options = ["--no-config", "--index-strategy", "unsafe-best-match"]
-    no_index = settings.get("no-index", "").lower() in ("1", "true", "yes", "on")
-    env: dict[str, str] = {}
-    for name in ("find-links",) if no_index else tuple(UV_INDEX_VARIABLES):
-        if values := settings.get(name, "").split():  # any whitespace: spaces or new lines
-            variable = UV_INDEX_VARIABLES[name]
-            env[variable] = UV_SEPARATOR[variable].join(values)
-    return ([*options, "--no-index"] if no_index else options), env
-
-
 def install(python: Path, lock: Path) -> None:
     """Install ``lock`` (hashes required) into the env of ``python``: with uv, from a cache
     shared by every env (hardlinks, no bytecode compiled up front), after installing uv
@@ -165,14 +128,9 @@ def install(python: Path, lock: Path) -> None:
                 "build.py: uv could not be installed; installing with pip instead (slower)", file=sys.stderr
             )
     if uv.exists():
-        from vllm_rbln_fork.pipconfig import pip_settings  # standard library only; ROOT is on sys.path
+        from vllm_rbln_fork.pipconfig import uv_settings  # standard library only; ROOT is on sys.path
 
-        config = subprocess.run([*pip, "config", "list"], capture_output=True, text=True, check=False)
-        settings = pip_settings(config.stdout)
-        options, index_env = uv_options(settings)
-        env = uv_environment(dict(os.environ), index_env)
-        if settings.get("cert") and "SSL_CERT_FILE" not in env:
-            env["SSL_CERT_FILE"] = settings["cert"]  # pip's CA bundle serves uv too
+        options, env = uv_settings(python)
         command = [str(uv), "pip", "install", "--quiet", "--python", str(python), "--require-hashes"]
         done = subprocess.run([*command, *options, "-r", str(lock)], env=env, check=False)
     else:

@@ -12,6 +12,7 @@ from types import ModuleType
 
 import pytest
 
+from vllm_rbln_fork import pipconfig
 from vllm_rbln_fork.pipconfig import pip_settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -68,7 +69,7 @@ def test_uv_gets_the_indexes_pip_is_configured_with_the_environment_first() -> N
     )
     settings = pip_settings(config)
     assert settings["cert"] == "/etc/ssl/certs/ca.crt"
-    assert bootstrap.uv_options(settings) == (
+    assert pipconfig.uv_options(settings) == (
         ["--no-config", "--index-strategy", "unsafe-best-match"],
         {
             "UV_INDEX_URL": "https://install.example.invalid/simple",
@@ -76,7 +77,7 @@ def test_uv_gets_the_indexes_pip_is_configured_with_the_environment_first() -> N
             "UV_FIND_LINKS": "/opt/wheels",
         },
     )
-    assert bootstrap.uv_options({}) == (["--no-config", "--index-strategy", "unsafe-best-match"], {})
+    assert pipconfig.uv_options({}) == (["--no-config", "--index-strategy", "unsafe-best-match"], {})
 
 
 def test_asking_for_help_installs_no_bigger_lock() -> None:
@@ -90,7 +91,7 @@ def test_asking_for_help_installs_no_bigger_lock() -> None:
 def test_index_urls_reach_uv_by_its_environment_never_its_command_line() -> None:
     """``ps`` shows every user a command line: a token in pip's index URL must not be on it."""
     settings = {"index-url": "https://user:s3cret@i.example.invalid/simple", "find-links": "https://t0k@w/"}
-    options, env = _bootstrap_module().uv_options(settings)
+    options, env = pipconfig.uv_options(settings)
     assert not [o for o in options if "s3cret" in o or "t0k" in o]
     assert env == {"UV_INDEX_URL": settings["index-url"], "UV_FIND_LINKS": settings["find-links"]}
 
@@ -112,7 +113,7 @@ def test_the_sdist_fetch_and_the_bootstrap_read_one_pip_config_alike(
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
     listed = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True)
-    _options, uv_env = _bootstrap_module().uv_options(pip_settings(listed.stdout))
+    _options, uv_env = pipconfig.uv_options(pip_settings(listed.stdout))
     assert uv_env["UV_INDEX_URL"] == configured_index_url() == "file:///install/simple"
 
 
@@ -128,13 +129,13 @@ def test_uv_gets_every_index_of_a_pip_conf_written_over_several_lines(tmp_path: 
         [sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True, env=env, check=True
     ).stdout
     assert "\\n" in listed  # the form that once reached uv as a single bogus URL
-    _options, env = bootstrap.uv_options(pip_settings(listed))
+    _options, env = pipconfig.uv_options(pip_settings(listed))
     assert env["UV_EXTRA_INDEX_URL"].split()[-2:] == ["file:///opt/a/simple", "file:///opt/b/simple"]
 
 
 def test_pips_no_index_leaves_uv_only_the_local_wheels() -> None:
     settings = {"no-index": "true", "index-url": "https://i.example.invalid/simple", "find-links": "/w"}
-    assert _bootstrap_module().uv_options(settings) == (
+    assert pipconfig.uv_options(settings) == (
         ["--no-config", "--index-strategy", "unsafe-best-match", "--no-index"],
         {"UV_FIND_LINKS": "/w"},
     )
@@ -181,7 +182,7 @@ def test_uv_inherits_no_index_of_its_own_from_the_environment() -> None:
     """pip's settings are uv's only indexes: uv 0.13 also reads UV_DEFAULT_INDEX, UV_INDEX and
     UV_NO_INDEX, and with one naming an index out of reach the install failed."""
     bootstrap = _bootstrap_module()
-    _, index_env = bootstrap.uv_options({"index-url": "https://pip.example.invalid/simple"})
+    _, index_env = pipconfig.uv_options({"index-url": "https://pip.example.invalid/simple"})
     inherited = {
         "UV_DEFAULT_INDEX": "http://127.0.0.1:9/simple",
         "UV_INDEX": "other=http://127.0.0.1:9/simple",
@@ -191,5 +192,5 @@ def test_uv_inherits_no_index_of_its_own_from_the_environment() -> None:
         "UV_FIND_LINKS": "/nowhere",
         "HOME": "/home/me",
     }
-    env = bootstrap.uv_environment(inherited, index_env)
+    env = pipconfig.uv_environment(inherited, index_env)
     assert env == {"HOME": "/home/me", "UV_INDEX_URL": "https://pip.example.invalid/simple"}

@@ -33,6 +33,7 @@ from ..files import made_and_held, made_once, sha256_of
 from ..gitrepo import Repo
 from ..paths import PROJECT_ROOT, cache_root, upstream_repo_dir
 from ..pins import Pin
+from ..pipconfig import uv_settings
 from ..pipeline import BuildResult, build
 from ..project import Project
 from ..source import SourceSpec
@@ -106,8 +107,7 @@ def vllm_venv(wheel: Path, lock: Path) -> Iterator[Path]:
 
     def make(env_dir: Path) -> None:
         with log.phase(f"make the vLLM test venv {env_dir}"):
-            proc.run([sys.executable, "-m", "venv", "--clear", env_dir])
-            proc.run([python, "-m", "pip", "install", "--quiet", "--require-hashes", "-r", lock])
+            make_locked_venv(env_dir, lock)
 
     with made_and_held(env_dir, make, exclusive=True):
         installed = env_dir / ".wheel-sha256"
@@ -117,6 +117,34 @@ def vllm_venv(wheel: Path, lock: Path) -> Iterator[Path]:
                 install_wheel(python, wheel, lock)
                 installed.write_text(digest)
         yield python
+
+
+def _uv() -> list[str] | None:
+    """``uv pip`` (the test lock has uv), or None where its binary is missing."""
+    try:
+        from uv import find_uv_bin
+
+        return [find_uv_bin(), "pip"]
+    except (ImportError, FileNotFoundError):
+        return None
+
+
+def make_locked_venv(env_dir: Path, lock: Path) -> Path:
+    """A venv (with pip: the conformance tier lists its packages with it) holding exactly
+    ``lock``, hashes required; its Python. uv installs it from pip's indexes (as build.py's
+    bootstrap does, :func:`pipconfig.uv_settings`), from the package cache every venv shares:
+    seconds from a warm cache where pip took minutes. uv also resolves an extra the way the
+    lock means it: pip 23.2 (the venv's own) took ``uvicorn[standard]>=0.15.0`` of a locked
+    package as a second requirement and refused the index's newer uvicorn in hash mode."""
+    python = env_dir / "bin" / "python"
+    proc.run([sys.executable, "-m", "venv", "--clear", env_dir])
+    uv = _uv()
+    if uv is None:
+        proc.run([python, "-m", "pip", "install", "--quiet", "--require-hashes", "-r", lock])
+        return python
+    options, env = uv_settings(python)
+    proc.run([*uv, "install", "--quiet", "--python", str(python), "--require-hashes", *options, "-r", lock], env=env)
+    return python
 
 
 def install_wheel(python: Path, wheel: Path, lock: Path) -> None:
@@ -131,11 +159,8 @@ def install_wheel(python: Path, wheel: Path, lock: Path) -> None:
     0.13 already replaces a rebuilt wheel of the same name and version without it. pip where
     uv's binary is missing."""
     hint = f"the wheel needs a dependency missing from {lock.name}; add it there."
-    try:
-        from uv import find_uv_bin
-
-        uv = [find_uv_bin(), "pip"]
-    except (ImportError, FileNotFoundError):
+    uv = _uv()
+    if uv is None:
         proc.run([python, "-m", "pip", "install", "--quiet", "--force-reinstall", "--no-deps", wheel])
         proc.run([python, "-m", "pip", "check"], hint=hint)
         return
