@@ -143,7 +143,10 @@ def make_locked_venv(env_dir: Path, lock: Path) -> Path:
         proc.run([python, "-m", "pip", "install", "--quiet", "--require-hashes", "-r", lock])
         return python
     options, env = uv_settings(python)
-    proc.run([*uv, "install", "--quiet", "--python", str(python), "--require-hashes", *options, "-r", lock], env=env)
+    proc.run(
+        [*uv, "install", "--quiet", "--python", str(python), "--require-hashes", *options, "-r", lock],
+        env=env,
+    )
     return python
 
 
