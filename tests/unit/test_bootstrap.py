@@ -56,7 +56,6 @@ def test_a_python_without_ensurepip_gets_the_package_to_install(tmp_path: Path) 
 
 
 def test_uv_gets_the_indexes_pip_is_configured_with_the_environment_first() -> None:
-    bootstrap = _bootstrap_module()
     config = "\n".join(
         [
             ":env:.find-links='/opt/wheels'",
@@ -120,7 +119,6 @@ def test_the_sdist_fetch_and_the_bootstrap_read_one_pip_config_alike(
 def test_uv_gets_every_index_of_a_pip_conf_written_over_several_lines(tmp_path: Path) -> None:
     """pip.conf's usual form for several extra indexes, read back through real ``pip config
     list``, which prints the value as a literal with ``\\n`` in it."""
-    bootstrap = _bootstrap_module()
     conf = tmp_path / "pip.conf"
     conf.write_text("[global]\nextra-index-url =\n    file:///opt/a/simple\n    file:///opt/b/simple\n")
     env = {key: value for key, value in os.environ.items() if not key.startswith("PIP_")}
@@ -181,7 +179,6 @@ def test_a_bootstrap_that_waits_for_another_one_says_so(tmp_path: Path) -> None:
 def test_uv_inherits_no_index_of_its_own_from_the_environment() -> None:
     """pip's settings are uv's only indexes: uv 0.13 also reads UV_DEFAULT_INDEX, UV_INDEX and
     UV_NO_INDEX, and with one naming an index out of reach the install failed."""
-    bootstrap = _bootstrap_module()
     _, index_env = pipconfig.uv_options({"index-url": "https://pip.example.invalid/simple"})
     inherited = {
         "UV_DEFAULT_INDEX": "http://127.0.0.1:9/simple",
