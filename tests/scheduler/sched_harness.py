@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kv_oracle import KVOracle
+
 if TYPE_CHECKING:
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.core.sched.scheduler import Scheduler
@@ -209,8 +211,18 @@ class Driver:
     # Batches in flight at most (`EngineCore.batch_queue_size`): 1 runs
     # `step()`, more `step_with_batch_queue()`.
     max_in_flight: int = 1
+    # Every batch is also played on a KV pool that keeps what each slot holds
+    # (kv_oracle.py): a stale read, a wrong prefix-cache entry or an overwrite
+    # raises KVContentsError. Off only where a test wants the collected
+    # violations (`oracle.strict = False`) or has more than one KV cache group.
+    kv_oracle: bool = True
+    oracle: KVOracle | None = None
     _loading: dict[str, int] = field(default_factory=dict)
     _in_flight: deque[_Batch] = field(default_factory=deque)
+
+    def __post_init__(self) -> None:
+        if self.kv_oracle and self.oracle is None and KVOracle.applies(self.scheduler):
+            self.oracle = KVOracle(self.scheduler, draft_token=DRAFT_TOKEN)
 
     def add(self, request: Request) -> None:
         self.scheduler.add_request(request)
@@ -275,6 +287,8 @@ class Driver:
             sampled.append([DRAFT_TOKEN] * num_accepted + [SAMPLED_TOKEN])
             record.sampled_req_ids.append(req_id)
         self.steps.append(record)
+        if self.oracle is not None:
+            self.oracle.execute(output, dict(zip(req_ids, sampled, strict=True)))
         return _Batch(output, record, req_ids, sampled)
 
     def _update(self, batch: _Batch) -> None:
@@ -293,6 +307,8 @@ class Driver:
                     finished_recving.add(req_id)
         for req_id in finished_recving:
             del self._loading[req_id]
+        if self.oracle is not None:
+            self.oracle.loads_landed(finished_recving)
 
         model_output = ModelRunnerOutput(
             req_ids=batch.req_ids,

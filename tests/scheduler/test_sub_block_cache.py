@@ -397,6 +397,39 @@ def test_a_sub_block_below_the_chunk_needs_the_platform_to_say_yes() -> None:
     assert_sub_blocks(make_scheduler_with(equal, chunk=8), 8)
 
 
+def test_a_platform_that_cannot_answer_stops_only_a_size_that_needs_the_answer() -> None:
+    """Issue 28: vllm-rbln answers with `is_cr13()`, which raises RuntimeError on a host
+    whose NPU name is unknown (a compile-only worker). The scheduler asks only where the
+    answer matters, a sub-block size below the chunk, as vllm-rbln does: sub-block caching
+    off, prefix caching off, and the default size (the chunk) start on such a platform; a
+    size below the chunk gets the platform's own error. Shown failing before: every
+    construction asked, and all of them raised."""
+    import vllm.platforms as platforms
+
+    base = type(platforms.current_platform)
+
+    def unknown_npu(cls: type) -> bool:
+        raise RuntimeError("no RBLN device name is known on this host")
+
+    mute = type("UnknownNPU", (base,), {"supports_prefill_chunk_across_kv_blocks": classmethod(unknown_npu)})
+    previous = platforms._current_platform
+    platforms._current_platform = mute()
+    try:
+        for settings, prefix_caching in (
+            ({"enable_sub_block_cache": False}, True),
+            ({}, False),
+            ({}, True),
+            ({"sub_block_size": CHUNK}, True),
+        ):
+            plain = h.rbln_scheduler_factory(settings, chunks_cross_kv_blocks=False)
+            make_scheduler_with(plain, enable_prefix_caching=prefix_caching)
+        below = h.rbln_scheduler_factory({"sub_block_size": 4}, chunks_cross_kv_blocks=False)
+        with pytest.raises(RuntimeError, match="no RBLN device name is known"):
+            make_scheduler_with(below)
+    finally:
+        platforms._current_platform = previous
+
+
 def test_the_platform_hook_defaults_to_no() -> None:
     """vLLM's `Platform` answers no unless a platform says otherwise."""
     from vllm.platforms import current_platform
@@ -416,8 +449,7 @@ def make_scheduler_with(scheduler_cls: Any, chunk: int = CHUNK, **kwargs: Any) -
         max_num_batched_tokens=chunk,
         max_num_seqs=4,
         max_model_len=256,
-        enable_prefix_caching=True,
-        **kwargs,
+        **{"enable_prefix_caching": True, **kwargs},
     )
 
 

@@ -1,0 +1,334 @@
+"""What every KV slot holds: a simulated model runner's KV pool, kept as identities.
+
+The harness's `Driver` checks counts, block tables and liveness; none of that sees a
+scheduler that hands a request the wrong KV. `KVOracle` does: it keeps, for every slot
+`(block id, offset)` of the pool, the identity of the KV computed there, the tokens of
+the prefix it was computed from (a chain hash of the token at each position and the
+positions before it, so two slots agree exactly when their prefixes do). Every batch the
+scheduler hands out is played against it, in the runner's order (docs/runner-contract.md):
+
+1. the batch's copies (`kv_cache_block_copies`; vllm-rbln's `kv_cache_copy_ops`), whole
+   blocks, every source read before any destination is written;
+2. the KV a connector loads for the batch's new requests (a sync load), written into the
+   blocks it was given (an async load lands when its request's load is reported done);
+3. the batch's own tokens, every scheduled position written into the request's block
+   table (the known tokens, drafts past them);
+4. every scheduled request's attention: each position up to its last must hold the KV of
+   the request's own prefix.
+
+It fails on
+
+* a **stale read**: a scheduled request attending a slot that holds another prefix's KV
+  (or nothing);
+* a **wrong entry**: a prefix-cache entry (a whole block's, or a sub-block boundary's)
+  whose block does not hold what its key claims, checked after each batch has run (so an
+  entry the step registered for the tokens it computes is valid once it has run);
+* an **overwrite**: a batch writing into a slot, with other KV, that another live request
+  has computed and still reads.
+
+The device's view of a request is its own: a request's tokens are its prompt and every
+token the simulated model sampled for it, known to the runner as soon as the batch is
+scheduled (with batches in flight the scheduler learns them a step later); a step starts
+where the request's KV really ends (under async scheduling the scheduler counts an
+in-flight step's rejected drafts as computed until its output comes back; the runner
+starts the next step where the accepted tokens end, as vLLM's runners do).
+
+Single-group (one full-attention KV cache group) only; a scheduler with more groups runs
+without the oracle (`KVOracle.applies`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+ViolationKind = Literal["stale read", "wrong entry", "overwrite", "no block"]
+# The identity of "nothing was ever computed here".
+EMPTY = 0
+
+
+class KVContentsError(AssertionError):
+    """A scheduler handed out KV that does not hold what it should."""
+
+
+@dataclass(frozen=True)
+class Violation:
+    step: int
+    kind: ViolationKind
+    request_id: str
+    position: int
+    block_id: int
+    text: str
+
+    def __str__(self) -> str:
+        return f"{self.kind}: {self.text} (step {self.step})"
+
+
+def chain(tokens: Iterable[int], prev: int = EMPTY) -> list[int]:
+    """The identity of the KV at each position of ``tokens`` (after a prefix whose last
+    identity is ``prev``)."""
+    out = []
+    for token in tokens:
+        prev = hash((prev, token))
+        out.append(prev)
+    return out
+
+
+@dataclass
+class KVOracle:
+    scheduler: Scheduler
+    # Raise at the first violation (the tests' default); else collect them.
+    strict: bool = True
+    # Token a draft slot is computed with (the harness's drafter proposes one token).
+    draft_token: int = 7
+    violations: list[Violation] = field(default_factory=list)
+    step: int = 0
+    _slots: dict[tuple[int, int], int] = field(default_factory=dict)
+    _tokens: dict[str, list[int]] = field(default_factory=dict)
+    _chain: dict[str, list[int]] = field(default_factory=dict)
+    _device_computed: dict[str, int] = field(default_factory=dict)
+    # Prefix-chain hash -> (request id, prefix length): what a cache key claims.
+    _hash_source: dict[bytes, tuple[str, int]] = field(default_factory=dict)
+    _num_hashes_seen: dict[str, int] = field(default_factory=dict)
+    # (key, block id) pairs checked on blocks that have not changed since.
+    _checked_entries: set[tuple[bytes, int]] = field(default_factory=set)
+    # Connector loads: the local hit the connector was last shown, and (local, external)
+    # once it was given blocks; written into the blocks when the load runs.
+    _local_hit: dict[str, int] = field(default_factory=dict)
+    _pending_loads: dict[str, tuple[int, int]] = field(default_factory=dict)
+    _copied_to: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        manager = self.scheduler.kv_cache_manager
+        self.block_size = manager.coordinator.single_type_managers[0].block_size
+        self.hash_block_size = manager.block_pool.hash_block_size
+        connector = getattr(self.scheduler, "connector", None)
+        if connector is not None:
+            self._watch_connector(connector)
+
+    @staticmethod
+    def applies(scheduler: Scheduler) -> bool:
+        """Whether the oracle can follow this scheduler's pool: one KV cache group."""
+        return len(scheduler.kv_cache_manager.coordinator.single_type_managers) == 1
+
+    # -- the connector's loads ------------------------------------------------------
+
+    def _watch_connector(self, connector: Any) -> None:
+        """Follow the simulated connector's loads: the local hit it is shown
+        (`get_num_new_matched_tokens`) and the blocks it is given to load into
+        (`update_state_after_alloc`), as a connector's worker side learns them. The test
+        connector's methods are wrapped on its instance; vLLM's code is not touched."""
+        matched = connector.get_num_new_matched_tokens
+        after_alloc = connector.update_state_after_alloc
+
+        def get_num_new_matched_tokens(request: Any, num_computed_tokens: int) -> Any:
+            self._local_hit[request.request_id] = num_computed_tokens
+            return matched(request, num_computed_tokens)
+
+        def update_state_after_alloc(request: Any, blocks: Any, num_external_tokens: int) -> Any:
+            if num_external_tokens > 0:
+                local = self._local_hit.get(request.request_id, 0)
+                self._pending_loads[request.request_id] = (local, num_external_tokens)
+            return after_alloc(request, blocks, num_external_tokens)
+
+        connector.get_num_new_matched_tokens = get_num_new_matched_tokens
+        connector.update_state_after_alloc = update_state_after_alloc
+
+    def _load(self, req_id: str) -> None:
+        """The connector writes its external tokens' KV (the right KV: its store holds
+        the request's prompt) into the request's blocks."""
+        local, external = self._pending_loads.pop(req_id)
+        request = self.scheduler.requests[req_id]
+        self._know(request)
+        table = self._table(req_id)
+        for pos in range(local, local + external):
+            if pos // self.block_size < len(table):
+                self._slots[(table[pos // self.block_size], pos % self.block_size)] = self._chain[req_id][pos]
+
+    def loads_landed(self, req_ids: Iterable[str]) -> None:
+        """Async loads reported done (`finished_recving`): their KV is in place."""
+        for req_id in req_ids:
+            if req_id in self._pending_loads and req_id in self.scheduler.requests:
+                self._load(req_id)
+
+    # -- one batch --------------------------------------------------------------------
+
+    def execute(self, output: SchedulerOutput, sampled: Mapping[str, Sequence[int]]) -> None:
+        """Run one scheduled batch on the pool; ``sampled``: the tokens the simulated model
+        samples for each scheduled request (accepted drafts and the new token)."""
+        self.step += 1
+        scheduler = self.scheduler
+        for request in scheduler.requests.values():
+            self._know(request)
+        self._copy(output)
+        touched: set[int] = set(self._copied_to)
+
+        writes: dict[str, tuple[int, list[int], list[int]]] = {}
+        for req_id, num_tokens in output.num_scheduled_tokens.items():
+            request = scheduler.requests[req_id]
+            if req_id in self._pending_loads:
+                self._load(req_id)  # a sync load (an async one landed already): before the forward
+            start = request.num_computed_tokens - num_tokens  # the scheduler's view
+            start = min(start, self._device_computed.get(req_id, start))
+            tokens = self._tokens[req_id]
+            positions = list(range(start, start + num_tokens))
+            executed = [tokens[p] if p < len(tokens) else self.draft_token for p in positions]
+            prefix = self._chain[req_id][start - 1] if start > 0 else EMPTY
+            writes[req_id] = (start, positions, chain(executed, prefix))
+
+        for req_id, (_start, positions, ids) in writes.items():
+            table = self._table(req_id)
+            for pos, ident in zip(positions, ids, strict=True):
+                index = pos // self.block_size
+                if index >= len(table):
+                    self._fail(
+                        "no block",
+                        req_id,
+                        pos,
+                        -1,
+                        f"{req_id} writes position {pos} past its {len(table)} blocks",
+                    )
+                    continue
+                slot = (table[index], pos % self.block_size)
+                self._check_overwrite(req_id, slot, ident, pos)
+                self._slots[slot] = ident
+                touched.add(slot[0])
+
+        for req_id, (start, _positions, ids) in writes.items():
+            expected = self._chain[req_id][:start] + ids
+            self._check_reads(req_id, expected)
+
+        for req_id, (start, positions, _ids) in writes.items():
+            drafts = len(output.scheduled_spec_decode_tokens.get(req_id, ()))
+            got = sampled.get(req_id, ())
+            accepted = max(0, len(got) - 1) if got else 0
+            self._device_computed[req_id] = start + len(positions) - (drafts - accepted if got else 0)
+            if got:
+                self._extend(req_id, got)
+        self._check_entries(touched)
+
+    # -- the checks ---------------------------------------------------------------------
+
+    def _check_reads(self, req_id: str, expected: list[int]) -> None:
+        table = self._table(req_id)
+        for pos, ident in enumerate(expected):
+            index = pos // self.block_size
+            if index >= len(table):
+                self._fail("no block", req_id, pos, -1, f"{req_id} attends position {pos} past its blocks")
+                return
+            block_id = table[index]
+            held = self._slots.get((block_id, pos % self.block_size), EMPTY)
+            if held != ident:
+                what = "nothing" if held == EMPTY else "another prefix's KV"
+                self._fail(
+                    "stale read",
+                    req_id,
+                    pos,
+                    block_id,
+                    f"{req_id} attends position {pos} in block {block_id} slot "
+                    f"{pos % self.block_size}, which holds {what}",
+                )
+                return
+
+    def _check_overwrite(self, writer: str, slot: tuple[int, int], ident: int, pos: int) -> None:
+        held = self._slots.get(slot, EMPTY)
+        if held in (EMPTY, ident):
+            return
+        block_id, offset = slot
+        for req_id in self.scheduler.requests:
+            if req_id == writer or req_id not in self._device_computed:
+                continue
+            table = self._table(req_id)
+            if block_id not in table:
+                continue
+            their_pos = table.index(block_id) * self.block_size + offset
+            if their_pos < self._device_computed[req_id] and self._chain[req_id][their_pos] == held:
+                self._fail(
+                    "overwrite",
+                    writer,
+                    pos,
+                    block_id,
+                    f"{writer} writes position {pos} into block {block_id} slot {offset}, "
+                    f"which {req_id} computed (its position {their_pos}) and still reads",
+                )
+                return
+
+    def _check_entries(self, touched: set[int]) -> None:
+        from vllm.v1.core.kv_cache_utils import get_block_hash
+
+        pool = self.scheduler.kv_cache_manager.block_pool
+        if not pool.enable_caching:
+            return
+        self._checked_entries = {e for e in self._checked_entries if e[1] not in touched}
+        for key, blocks in pool.cached_block_hash_to_block._cache.items():
+            for block in blocks.values() if isinstance(blocks, dict) else (blocks,):
+                entry = (key, block.block_id)
+                if entry in self._checked_entries:
+                    continue
+                self._checked_entries.add(entry)
+                self._check_entry(bytes(get_block_hash(key)), block.block_id)
+
+    def _check_entry(self, block_hash: bytes, block_id: int) -> None:
+        source = self._hash_source.get(block_hash)
+        if source is None:
+            return  # a key no request of this run made (none is expected)
+        req_id, num_tokens = source
+        block_start = (num_tokens - 1) // self.block_size * self.block_size
+        ids = self._chain[req_id]
+        for pos in range(block_start, num_tokens):
+            if self._slots.get((block_id, pos - block_start), EMPTY) != ids[pos]:
+                self._fail(
+                    "wrong entry",
+                    req_id,
+                    pos,
+                    block_id,
+                    f"the prefix-cache entry for {num_tokens} tokens of {req_id} points at block "
+                    f"{block_id}, whose slot {pos - block_start} does not hold position {pos}'s KV",
+                )
+                return
+
+    def _fail(self, kind: ViolationKind, req_id: str, pos: int, block_id: int, text: str) -> None:
+        violation = Violation(self.step, kind, req_id, pos, block_id, text)
+        self.violations.append(violation)
+        if self.strict:
+            raise KVContentsError(str(violation))
+
+    # -- bookkeeping --------------------------------------------------------------------
+
+    def _copy(self, output: SchedulerOutput) -> None:
+        copies = [
+            (c.src_block_id, c.dst_block_id)
+            for c in getattr(output, "kv_cache_block_copies", None)
+            or getattr(output, "kv_cache_copy_ops", None)
+            or ()
+        ]
+        held = {src: [self._slots.get((src, o), EMPTY) for o in range(self.block_size)] for src, _ in copies}
+        for src, dst in copies:
+            for offset, ident in enumerate(held[src]):
+                self._slots[(dst, offset)] = ident
+        self._copied_to = [dst for _, dst in copies]
+
+    def _table(self, req_id: str) -> list[int]:
+        return list(self.scheduler.kv_cache_manager.get_block_ids(req_id)[0])
+
+    def _know(self, request: Any) -> None:
+        """Start following a request (its prompt), and learn the keys its hashes make."""
+        req_id = request.request_id
+        if req_id not in self._tokens:
+            self._tokens[req_id] = list(request.all_token_ids)
+            self._chain[req_id] = chain(self._tokens[req_id])
+        hashes = request.block_hashes
+        seen = self._num_hashes_seen.get(req_id, 0)
+        for i in range(seen, len(hashes)):
+            self._hash_source.setdefault(bytes(hashes[i]), (req_id, (i + 1) * self.hash_block_size))
+        self._num_hashes_seen[req_id] = len(hashes)
+
+    def _extend(self, req_id: str, tokens: Sequence[int]) -> None:
+        self._tokens[req_id].extend(tokens)
+        ids = self._chain[req_id]
+        ids.extend(chain(tokens, ids[-1] if ids else EMPTY))
