@@ -493,7 +493,7 @@ def _continue(args: argparse.Namespace) -> int:
         say(("stopped", "bold yellow"), f" at a conflict in {', '.join(progress.unresolved)}")
         say(f"    resolve, 'git add', then: python build.py continue --dir {tree}")
         return 1
-    say(("carried", "bold green"), " every patch; next: python build.py export --dir {tree}")
+    say(("carried", "bold green"), f" every patch; next: python build.py export --dir {tree}")
     return 0
 
 
