@@ -79,6 +79,12 @@ def _build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--source", help="build from a local sdist, a source tree, or git+URL@REF")
     parser.add_argument("--no-cache", action="store_true", help="rebuild even if a cached wheel matches")
     parser.add_argument(
+        "--locked",
+        action="store_true",
+        help="refuse a build that would add to pins.lock or fork-releases.toml (a label or a hash "
+        "the committed files lack); the release job builds so",
+    )
+    parser.add_argument(
         "--base-wheel",
         metavar="SPEC",
         help="put the patched Python over a binary vLLM wheel of the same release: a path, a URL, "
@@ -308,7 +314,9 @@ def _build(args: argparse.Namespace) -> int:
         from .basewheel import BaseWheelSpec
 
         base = BaseWheelSpec.parse(args.base_wheel)
-    result = build(pin, spec, Project.default(), use_cache=not args.no_cache, base_wheel=base)
+    result = build(
+        pin, spec, Project.default(), use_cache=not args.no_cache, base_wheel=base, locked=args.locked
+    )
     m = result.manifest
     say(
         ("built", "bold green"),

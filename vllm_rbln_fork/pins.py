@@ -121,6 +121,10 @@ class PinsLock:
         self._staged["vllm"][str(pin)] = sdist
         return True
 
+    def staged(self) -> list[str]:
+        """The names of the entries held back for :meth:`commit` (not in the file yet)."""
+        return [*self._staged["vllm"], *self._staged["base-wheel"]]
+
     def commit(self) -> list[str]:
         """Write the entries :meth:`check_or_record` and :meth:`check_or_record_base_wheel`
         held back; return their names (empty when there were none)."""

@@ -3,7 +3,8 @@
 Every series in ``series/`` reads and lints (each patch's ``Origin`` and description,
 ``series.lint``; every file it names exists), every ``series/<pin>`` is a pin ``pins.toml``
 lists, every supported pin has its series, no file under ``patches/`` is left that no
-series names, and the release ledger gives one label one tree (``releases.read_releases``). The build finds each of these too, but only at the pin it builds.
+series names, and the release ledger gives one label one tree (``releases.read_releases``).
+The build finds each of these too, but only at the pin it builds.
 """
 
 from __future__ import annotations
