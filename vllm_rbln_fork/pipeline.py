@@ -380,6 +380,17 @@ def _index_url(spec: SourceSpec) -> str:
     return spec.index_url() if spec.kind is SourceKind.INDEX else SourceSpec.parse(None, None).index_url()
 
 
+def wheel_version(pin: Pin, n: int, source_kind: str, patched_commit: str) -> str:
+    """``<pin>+rbln.<n>`` for a build of the pin's released sdist; for a local tree or a git
+    ref, ``<pin>+rbln.<n>.<tree|git>.<patched commit, 12 digits>``: the same patched tree
+    built from there gives other bytes (its upstream commit names that source, and the
+    manifest inside the wheel holds the commits), so it never takes the release's label and
+    file name (``dist/``, an index: "a published file is never replaced")."""
+    if source_kind in (SourceKind.INDEX, SourceKind.SDIST):
+        return f"{pin}+rbln.{n}"
+    return f"{pin}+rbln.{n}.{source_kind}.{patched_commit[:12]}"
+
+
 def _manifest(
     pin: Pin, n: int, target: Prepared, result: AppliedSeries, series: Series, patched_tree: str
 ) -> BuildManifest:
@@ -388,7 +399,7 @@ def _manifest(
 
     return BuildManifest(
         pin=str(pin),
-        wheel_version=f"{pin}+rbln.{n}",
+        wheel_version=wheel_version(pin, n, target.source_kind, result.head),
         fork_release=n,
         source_kind=target.source_kind,
         source_file=target.source_file if target.source_kind != "tree" else Path(target.source_file).name,
