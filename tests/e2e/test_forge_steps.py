@@ -6,8 +6,11 @@ step evaluated and the outputs of one step given to the next.
   and the one that makes the matrix of the others;
 * Watch with nothing new (the newest vLLM release on the index is a supported pin): exit 0,
   and neither the pull request step nor the issue step runs;
-* Release's wheel job for the pure wheel of the pin under test, its secrets (a real
-  pypiserver on 127.0.0.1 and a user and password) given as the forge gives them.
+* Release's wheel job for each cell of the pin under test in matrix order (the pure wheel, then
+  the binary one), its secrets (a real pypiserver on 127.0.0.1 per kind of wheel, and a user and
+  password) given as the forge gives them, the sdist and base from an index the test serves;
+  and with a ledger lacking the pin's tree (refused, nothing uploaded);
+* Release's plan job on a branch, on a tag of a commit main lacks, and on a tag on main.
 
 Not run here: the forge's own actions (checkout, setup-python, cache, upload-artifact; the
 clone and this machine's Python stand for the first two), the forge's secrets store (the
