@@ -110,7 +110,7 @@ def _check_one_label_one_tree(path: Path, releases: list[dict[str, object]]) -> 
 def release_number(path: Path, pin: Pin, tree: str) -> tuple[int, bool]:
     """Return (n, new) for this pin and patched tree: its recorded number, or the next one
     (``new``), which nothing records until :func:`record_release` (the build calls it only
-    once the wheel is in dist/: a killed or failed build leaves the ledger as it was)."""
+    once the wheel is built, under the project lock: a killed or failed build leaves the ledger as it was)."""
     same_pin = [r for r in read_releases(path) if r["pin"] == str(pin)]
     for release in same_pin:
         if release["tree"] == tree:
