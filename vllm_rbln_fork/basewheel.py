@@ -181,7 +181,7 @@ def _locked_download_for(req: Requirement, lock: PinsLock) -> BaseWheel | None:
 def _locked(lock: PinsLock, base: BaseWheel) -> BaseWheel:
     _check_name(base.filename)
     lock.check_or_record_base_wheel(LockedSdist(base.filename, base.sha256))
-    return base  # recorded by lock.commit(), once the wheel built over it is in dist/
+    return base  # recorded by lock.commit(), once the wheel built over it is built
 
 
 def _check_name(filename: str) -> None:

@@ -79,6 +79,12 @@ def _build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--source", help="build from a local sdist, a source tree, or git+URL@REF")
     parser.add_argument("--no-cache", action="store_true", help="rebuild even if a cached wheel matches")
     parser.add_argument(
+        "--locked",
+        action="store_true",
+        help="refuse a build that would add to pins.lock or fork-releases.toml (a label or a hash "
+        "the committed files lack); the release job builds so",
+    )
+    parser.add_argument(
         "--base-wheel",
         metavar="SPEC",
         help="put the patched Python over a binary vLLM wheel of the same release: a path, a URL, "
@@ -292,12 +298,13 @@ def _build(args: argparse.Namespace) -> int:
         return _review(args)
     if args.write or args.report_dir or args.source_pin:
         _build_parser().error("--write, --from and --report-dir go with --review")
-    if args.check_index or args.new_project:
-        from .publish.result import is_url
+    from .publish.result import check_upload_url, is_url
 
-        if not (args.publish and is_url(args.publish)):
-            flag = "--check-index" if args.check_index else "--new-project"
-            _build_parser().error(f"{flag} goes with --publish <upload URL>")
+    if (args.check_index or args.new_project) and not (args.publish and is_url(args.publish)):
+        flag = "--check-index" if args.check_index else "--new-project"
+        _build_parser().error(f"{flag} goes with --publish <upload URL>")
+    if args.publish and is_url(args.publish):
+        check_upload_url(args.publish)  # before the build: nothing is built for a refused upload
     from .pipeline import build
 
     start = time.perf_counter()
@@ -308,7 +315,9 @@ def _build(args: argparse.Namespace) -> int:
         from .basewheel import BaseWheelSpec
 
         base = BaseWheelSpec.parse(args.base_wheel)
-    result = build(pin, spec, Project.default(), use_cache=not args.no_cache, base_wheel=base)
+    result = build(
+        pin, spec, Project.default(), use_cache=not args.no_cache, base_wheel=base, locked=args.locked
+    )
     m = result.manifest
     say(
         ("built", "bold green"),
@@ -493,7 +502,7 @@ def _continue(args: argparse.Namespace) -> int:
         say(("stopped", "bold yellow"), f" at a conflict in {', '.join(progress.unresolved)}")
         say(f"    resolve, 'git add', then: python build.py continue --dir {tree}")
         return 1
-    say(("carried", "bold green"), " every patch; next: python build.py export --dir {tree}")
+    say(("carried", "bold green"), f" every patch; next: python build.py export --dir {tree}")
     return 0
 
 

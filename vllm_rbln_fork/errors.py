@@ -56,6 +56,10 @@ class IndexConflict(ForkError):
     """Publishing would overwrite a published file with different bytes."""
 
 
+class WouldRecord(ForkError):
+    """``--locked``: the build would add to ``pins.lock`` or ``fork-releases.toml``."""
+
+
 class FailedProcess(ForkError):
     """A subprocess exited non-zero; the message carries its command and output."""
 

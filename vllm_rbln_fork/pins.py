@@ -68,7 +68,7 @@ class PinsLock:
     """``pins.lock``: the sha256 of each pin's sdist and each base wheel.
 
     A new entry is checked and held in memory (:meth:`check_or_record`) and written by
-    :meth:`commit`, which the build calls only once the wheel is in dist/ (a checkout or a
+    :meth:`commit`, which the build calls only once the wheel is built (before dist/; a checkout or a
     review once the sdist has unpacked cleanly): a truncated, unsafe or killed fetch never
     leaves a hash behind that would refuse the right file afterwards."""
 
@@ -120,6 +120,10 @@ class PinsLock:
             return False
         self._staged["vllm"][str(pin)] = sdist
         return True
+
+    def staged(self) -> list[str]:
+        """The names of the entries held back for :meth:`commit` (not in the file yet)."""
+        return [*self._staged["vllm"], *self._staged["base-wheel"]]
 
     def commit(self) -> list[str]:
         """Write the entries :meth:`check_or_record` and :meth:`check_or_record_base_wheel`

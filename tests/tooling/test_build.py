@@ -246,3 +246,38 @@ def test_git_ref_source(fork, tmp_path) -> None:
     result = build(Pin.parse("1.1"), SourceSpec.parse(f"git+file://{repo}@v1.1", None), fork.project)
     assert result.manifest.source_kind == "git"
     assert "needed = prompt_tokens + 1" in _read(result.wheel, "vllm/core/gate.py")
+
+
+def test_the_release_s_tree_built_from_a_local_tree_takes_neither_its_label_nor_its_file(
+    fork, tmp_path
+) -> None:
+    """Issue 30: the same patched tree built from a local tree (--source DIR) got the index
+    build's label and file name with other bytes (its upstream commit names the folder):
+    dist/'s release wheel was replaced, and publishing it was refused with advice that could
+    not be followed (the same tree always gets the same number). It gets a label of its own."""
+    import tarfile
+
+    from vllm_rbln_fork.files import sha256_of
+    from vllm_rbln_fork.publish import publish
+    from vllm_rbln_fork.source import SourceSpec
+
+    release = build(Pin.parse("1.1"), fork.spec(), fork.project)
+    release_bytes = release.wheel.read_bytes()
+    index = tmp_path / "wheels"
+    publish(release.wheel, str(index))
+    with tarfile.open(fork.index.root / "simple/vllm/vllm-1.1.tar.gz") as tar:
+        tar.extractall(tmp_path / "src", filter="data")
+    local = build(Pin.parse("1.1"), SourceSpec.parse(str(tmp_path / "src" / "vllm-1.1"), None), fork.project)
+
+    assert local.manifest.patched_tree == release.manifest.patched_tree
+    assert local.manifest.fork_release == release.manifest.fork_release  # one tree, one number
+    n, commit = release.manifest.fork_release, local.manifest.patched_commit
+    assert local.wheel.name == f"vllm-1.1+rbln.{n}.tree.{commit[:12]}-py3-none-any.whl"
+    assert local.manifest.wheel_sha256 != release.manifest.wheel_sha256
+    assert release.wheel.read_bytes() == release_bytes  # dist/'s release wheel is untouched
+    published = publish(local.wheel, str(index))  # beside the release, refused nothing
+    assert not published.already_published
+    assert sorted(p.name for p in (index / "files").glob("*.whl")) == sorted(
+        [release.wheel.name, local.wheel.name]
+    )
+    assert sha256_of(index / "files" / release.wheel.name) == release.manifest.wheel_sha256

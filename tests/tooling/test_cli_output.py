@@ -64,3 +64,23 @@ def test_checkout_help_explains_every_option(option: str, capsys: pytest.Capture
     ]
     described = " ".join(own + more[: 1 if not own else 0])
     assert len(described.split()) >= 3, lines
+
+
+def test_continue_names_the_tree_in_its_next_step(fork: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    """`build.py continue` that carried every patch says the export command with the tree's path
+    (a missing f-prefix printed a literal '{tree}', issue 30)."""
+    from moves import resolve_by_hand
+
+    from vllm_rbln_fork.errors import PatchDoesNotApply
+    from vllm_rbln_fork.pins import Pin
+    from vllm_rbln_fork.pipeline import build
+
+    with pytest.raises(PatchDoesNotApply):
+        build(Pin.parse("1.3"), fork.spec(), fork.project)
+    tree = fork.project.work_dir / "conflict-v1.3"
+    resolve_by_hand(tree)
+    capsys.readouterr()
+    rc, out = _run(["continue", "--dir", str(tree)], capsys)
+    assert rc == 0, out
+    assert f"next: python build.py export --dir {tree.resolve()}" in out, out
+    assert "{tree}" not in out

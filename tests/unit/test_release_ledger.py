@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 import tomllib
 from pathlib import Path
 
@@ -33,3 +35,84 @@ def test_a_number_or_tree_taken_meanwhile_is_refused(tmp_path: Path, n: int, tre
     with pytest.raises(ForkError, match="changed while this build ran"):
         record_release(ledger, pin, n, tree)
     assert ledger.read_text() == before
+
+
+def _git(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    who = {
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@t",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@t",
+    }
+    env = {**os.environ, **who, "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1"}
+    return subprocess.run(["git", *args], cwd=repo, env=env, capture_output=True, text=True, check=False)
+
+
+def _merge_keeping_both_sides(tmp_path: Path, theirs: tuple[int, str], ours: tuple[int, str]) -> Path:
+    """A project whose ledger has +rbln.1; branch `a` and main each record one more release,
+    then main merges `a` and the conflict is resolved by keeping both sides' lines."""
+    repo = tmp_path / "project"
+    repo.mkdir()
+    ledger = repo / "fork-releases.toml"
+    pin = Pin.parse("1.0")
+    record_release(ledger, pin, 1, "1" * 40)
+    for args in (["init", "-q", "-b", "main"], ["add", "-A"], ["commit", "-qm", "ledger"]):
+        _git(repo, *args)
+    _git(repo, "checkout", "-qb", "a")
+    record_release(ledger, pin, *theirs)
+    _git(repo, "commit", "-qam", "a built")
+    _git(repo, "checkout", "-q", "main")
+    record_release(ledger, pin, *ours)
+    _git(repo, "commit", "-qam", "main built")
+    merged = _git(repo, "merge", "-q", "a")
+    assert merged.returncode != 0 and "CONFLICT" in merged.stdout, merged.stdout + merged.stderr
+    text = ledger.read_text()
+    assert "<<<<<<<" in text
+    ledger.write_text(
+        "".join(line for line in text.splitlines(True) if line[:7] not in ("<<<<<<<", "=======", ">>>>>>>"))
+    )
+    return repo
+
+
+def test_a_merge_that_keeps_both_lines_of_one_label_is_refused_naming_both(tmp_path: Path) -> None:
+    """Issue 30: both branches built a new tree and took +rbln.2; keeping both lines gave the
+    label to two trees, and the build read the first silently."""
+    repo = _merge_keeping_both_sides(tmp_path, theirs=(2, "a" * 40), ours=(2, "b" * 40))
+    ledger = repo / "fork-releases.toml"
+    lines = ledger.read_text().splitlines()
+    ours_at = next(i for i, line in enumerate(lines, 1) if "b" * 40 in line)
+    theirs_at = next(i for i, line in enumerate(lines, 1) if "a" * 40 in line)
+    for call in (
+        lambda: release_number(ledger, Pin.parse("1.0"), "c" * 40),
+        lambda: record_release(ledger, Pin.parse("1.0"), 3, "c" * 40),
+    ):
+        with pytest.raises(ForkError) as refused:
+            call()
+        message = str(refused.value)
+        assert f"b{'b' * 39} (line {ours_at})" in message and f"a{'a' * 39} (line {theirs_at})" in message
+        assert "vllm 1.0+rbln.2" in message and "a" * 40 in message and "b" * 40 in message
+        assert "Keep the line main had" in message
+    assert "c" * 40 not in ledger.read_text()  # nothing recorded
+
+
+def test_a_merge_that_keeps_one_tree_under_two_numbers_is_refused(tmp_path: Path) -> None:
+    repo = _merge_keeping_both_sides(tmp_path, theirs=(3, "a" * 40), ours=(2, "a" * 40))
+    with pytest.raises(
+        ForkError, match=r"both give tree a{40} of vllm 1.0 a number, \+rbln.2 \(line \d+\) and \+rbln.3"
+    ):
+        release_number(repo / "fork-releases.toml", Pin.parse("1.0"), "a" * 40)
+
+
+def test_the_series_lint_finds_a_label_given_to_two_trees(tmp_path: Path) -> None:
+    """The pre-commit hook (`build.py lint --only series`) catches the merge at its commit."""
+    from vllm_rbln_fork.project import Project
+    from vllm_rbln_fork.testing.series_lint import problems
+
+    repo = _merge_keeping_both_sides(tmp_path, theirs=(2, "a" * 40), ours=(2, "b" * 40))
+    (repo / "series").write_text("# Exported-Against: vllm 1.0\n")
+    (repo / "patches").mkdir()
+    (found,) = problems(Project(repo))
+    assert (
+        found.startswith("fork-releases.toml: both give vllm 1.0+rbln.2")
+        and "one label names one tree" in found
+    )

@@ -6,15 +6,15 @@ import os
 import sys
 from dataclasses import replace
 from pathlib import Path
-from urllib.parse import urljoin, urlsplit
+from urllib.parse import urljoin
 
 import requests
 from pypi_simple import NoSuchProjectError, PyPISimple
 
 from .. import log, proc
-from ..errors import FailedProcess, ForkError, IndexConflict, IndexUnreachable
+from ..errors import FailedProcess, IndexConflict, IndexUnreachable
 from ..urls import redact
-from .result import PublishResult
+from .result import PublishResult, check_upload_url
 from .wheelfacts import WheelFacts, check_kinds
 
 
@@ -73,13 +73,7 @@ def _remote_file(
 def publish_upload(
     wheel: Path, facts: WheelFacts, dest: str, index_url: str | None, *, new_project: bool = False
 ) -> PublishResult:
-    parts = urlsplit(dest)
-    if parts.username is not None or parts.password is not None:
-        raise ForkError(
-            f"the upload URL {redact(dest)} carries credentials; they would show up in logs and "
-            f"process lists. Remove them from the URL and set TWINE_USERNAME and TWINE_PASSWORD "
-            f"(or store them in keyring) instead."
-        )
+    check_upload_url(dest)
     simple = index_url or default_index_url(dest)
     result = PublishResult(
         filename=facts.filename,

