@@ -1,0 +1,64 @@
+"""Consumer tier: vllm-rbln 0.12.0's model runner (the adoption patches applied) on our wheel.
+
+Runs in the tier's venv (``vllm_rbln_fork/testing/consumer.py``): a pin's vLLM test venv with
+our wheel, numba, and vllm-rbln 0.12.0 installed ``--no-deps`` and patched. Needs, from the test
+runner, ``VLLM_RBLN_SOURCE_TREE`` (the patched vLLM source tree: its ``tests/v1/core/utils.py``
+is the scheduler harness) and ``VLLM_RBLN_UPSTREAM_TREE`` (the unpatched tree: a vLLM that is
+not the RBLN build, for the install guard's test).
+
+Before anything imports vLLM: Rebellions' SDK is stubbed (``rbln_sdk_stubs``, the only
+stand-ins), and vLLM is left to pick its platform from the installed plugins, so that it runs on
+vllm-rbln's ``RblnPlatform`` as on an RBLN host (the runner's ``VLLM_TARGET_DEVICE=cpu`` would
+pick the CPU platform instead); the vllm model path, host tensors, and an NPU name as a device
+host reports it (a CA25: not a CR13, so sub-blocks below the chunk are refused unless a test
+names a CR13).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+os.environ.setdefault("HF_HOME", str(HERE.parent / "fixtures" / "hf"))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.pop("VLLM_TARGET_DEVICE", None)
+os.environ["VLLM_RBLN_USE_VLLM_MODEL"] = "1"
+os.environ["VLLM_RBLN_USE_DEVICE_TENSOR"] = "0"
+os.environ["RBLN_FORCE_NPU_NAME"] = "RBLN-CA25"
+
+for path in (HERE, HERE.parent / "scheduler", HERE.parent / "support"):
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
+
+import rbln_sdk_stubs  # noqa: E402
+
+rbln_sdk_stubs.install()
+
+import sched_harness  # noqa: E402
+
+_SOURCE_TREE = os.environ.get(sched_harness.SOURCE_TREE_ENV)
+_SETUP_ERROR: str | None = None
+if not _SOURCE_TREE:
+    _SETUP_ERROR = (
+        f"{sched_harness.SOURCE_TREE_ENV} is not set: point it at a checkout of "
+        "the patched vLLM source tree (it provides vLLM's tests/v1/core/utils.py)"
+    )
+else:
+    try:
+        sched_harness.load_vllm_test_harness(_SOURCE_TREE)
+    except RuntimeError as error:
+        _SETUP_ERROR = str(error)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "vllm: needs the real patched vLLM")
+
+
+@pytest.fixture(autouse=True)
+def _require_source_tree() -> None:
+    if _SETUP_ERROR is not None:
+        pytest.fail(_SETUP_ERROR, pytrace=False)
