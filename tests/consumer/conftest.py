@@ -34,9 +34,19 @@ for path in (HERE, HERE.parent / "scheduler", HERE.parent / "support"):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
+# This process and every Python process it starts (vLLM inspects model architectures in one).
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [str(HERE / "stub_site"), str(HERE), *filter(None, [os.environ.get("PYTHONPATH")])]
+)
 import rbln_sdk_stubs  # noqa: E402
 
 rbln_sdk_stubs.install()
+
+# vLLM first, and its platform resolved, as an engine does: vllm-rbln's platform module imports
+# vLLM, and imported first it would be re-entered by vLLM's plugin loader half-made.
+import vllm.platforms  # noqa: E402
+
+assert vllm.platforms.current_platform is not None
 
 import sched_harness  # noqa: E402
 

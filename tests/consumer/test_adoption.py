@@ -66,7 +66,7 @@ def test_a_sub_block_below_the_chunk_is_refused_off_a_cr13() -> None:
 
 
 def _python_with(pythonpath: list[Path], code: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(p) for p in pythonpath)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(p) for p in [*pythonpath, HERE])}
     prelude = f"import sys; sys.path.insert(0, {str(HERE)!r}); import rbln_sdk_stubs; rbln_sdk_stubs.install()\n"
     return subprocess.run(
         [sys.executable, "-c", prelude + code], env=env, capture_output=True, text=True, timeout=300
@@ -82,7 +82,8 @@ def test_the_install_guard_refuses_a_vllm_that_is_not_the_rbln_build() -> None:
     require_rbln_vllm()
     upstream = Path(os.environ["VLLM_RBLN_UPSTREAM_TREE"])
     assert not (upstream / "vllm" / "_rbln_build.py").exists()
-    result = _python_with([upstream], "from vllm_rbln.platform import require_rbln_vllm\nrequire_rbln_vllm()")
+    code = "import vllm.platforms\nfrom vllm_rbln.platform import require_rbln_vllm\nrequire_rbln_vllm()"
+    result = _python_with([upstream], code)
     assert result.returncode != 0
     last = result.stderr.strip().splitlines()[-1]
     base = PIN.base_version
