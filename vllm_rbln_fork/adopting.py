@@ -47,7 +47,9 @@ def adoption_patches(release: str = VLLM_RBLN, root: Path = ADOPTING) -> Adoptio
     ]
     missing = [name for name in names if not (folder / name).is_file()]
     if missing:
-        raise SeriesError(f"{series} names {', '.join(missing)}, which is not in {folder}: add it or drop the line.")
+        raise SeriesError(
+            f"{series} names {', '.join(missing)}, which is not in {folder}: add it or drop the line."
+        )
     if not names:
         raise SeriesError(f"{series} names no patch: list the adoption patches there.")
     return AdoptionPatches(release, tuple(folder / name for name in names))

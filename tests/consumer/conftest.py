@@ -72,7 +72,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The pin's entry of cannot-run.toml: its tests are expected to fail (strictly)."""
-    entry = tomllib.loads((HERE / "cannot-run.toml").read_text())["pin"].get(os.environ.get("VLLM_RBLN_PIN", ""))
+    entry = tomllib.loads((HERE / "cannot-run.toml").read_text())["pin"].get(
+        os.environ.get("VLLM_RBLN_PIN", "")
+    )
     if entry is None:
         return
     for item in items:

@@ -22,13 +22,11 @@ tokens bookkeeping keeps.
 from __future__ import annotations
 
 import socket
-import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import sched_harness as h
 import torch
 
@@ -82,7 +80,7 @@ def attention_layer(spec: Any) -> Any:
 _DISTRIBUTED = False
 
 
-def _init_distributed(vllm_config: Any, pipeline_parallel_size: int = 1) -> None:
+def _init_distributed(vllm_config: Any) -> None:
     """vLLM's process groups for one process (gloo on 127.0.0.1), as a worker makes them."""
     global _DISTRIBUTED
     if _DISTRIBUTED:
@@ -214,7 +212,7 @@ def _kv(runner: Any) -> tuple[torch.Tensor, int]:
 
 def stamp_kv(runner: Any) -> torch.Tensor:
     """Give every slot of every KV block a value of its own; returns the stamp."""
-    kv, axis = _kv(runner)
+    kv, _ = _kv(runner)
     stamp = torch.arange(kv.numel(), dtype=kv.dtype).reshape(kv.shape)
     kv.copy_(stamp)
     return stamp
@@ -261,7 +259,9 @@ def _row_tokens(scheduler: Any, output: Any, req_id: str, computed: int) -> tupl
     drafts = list(output.scheduled_spec_decode_tokens.get(req_id, ()))
     n = output.num_scheduled_tokens[req_id]
     base = n - len(drafts)
-    return list(request.all_token_ids[computed : computed + base]) + drafts, list(range(computed, computed + n))
+    return list(request.all_token_ids[computed : computed + base]) + drafts, list(
+        range(computed, computed + n)
+    )
 
 
 def run_step(built: Built, batch: Any, coverage: Coverage) -> None:
@@ -294,7 +294,9 @@ def run_step(built: Built, batch: Any, coverage: Coverage) -> None:
     # The phase: a prefill when some request has two or more tokens beyond its drafts.
     base = {r: n - len(drafts.get(r, ())) for r, n in scheduled.items()}
     prefill = any(n > 1 for n in base.values())
-    assert runner.is_prefill == prefill, f"the runner took a {'prefill' if prefill else 'decode'} step for the other"
+    assert runner.is_prefill == prefill, (
+        f"the runner took a {'prefill' if prefill else 'decode'} step for the other"
+    )
     if prefill:
         coverage.prefill_steps += 1
     else:
@@ -309,7 +311,9 @@ def run_step(built: Built, batch: Any, coverage: Coverage) -> None:
     for data in output.scheduled_new_reqs:
         hit = data.num_computed_tokens
         if hit % block_size:
-            wanted[data.req_id] = list(scheduler.kv_cache_manager.get_block_ids(data.req_id)[0])[hit // block_size]
+            wanted[data.req_id] = list(scheduler.kv_cache_manager.get_block_ids(data.req_id)[0])[
+                hit // block_size
+            ]
     assert sorted(dst for _, dst in copies) == sorted(wanted.values()), (
         f"copies {copies}: the blocks holding the ends of the hits are {wanted}"
     )
@@ -329,8 +333,12 @@ def run_step(built: Built, batch: Any, coverage: Coverage) -> None:
     for row, req_id in enumerate(batch_ids):
         ids, pos = _row_tokens(scheduler, output, req_id, computed[req_id])
         n = len(ids)
-        assert input_ids[row, :n].tolist() == ids, f"{req_id}: input ids {input_ids[row, :n].tolist()} != {ids}"
-        assert positions[row, :n].tolist() == pos, f"{req_id}: positions {positions[row, :n].tolist()} != {pos}"
+        assert input_ids[row, :n].tolist() == ids, (
+            f"{req_id}: input ids {input_ids[row, :n].tolist()} != {ids}"
+        )
+        assert positions[row, :n].tolist() == pos, (
+            f"{req_id}: positions {positions[row, :n].tolist()} != {pos}"
+        )
         if req_id in drafts:
             coverage.draft_rows += 1
         # The block table: the request state and the persistent row, the scheduler's.
@@ -347,14 +355,18 @@ def run_step(built: Built, batch: Any, coverage: Coverage) -> None:
     sampled = dict(zip(batch.req_ids, batch.sampled, strict=True))
     width = max(len(drafts.get(r, ())) for r in batch_ids) + 1
     rows = [(sampled[r] or [h.SAMPLED_TOKEN]) + [-1] * (width - len(sampled[r] or [0])) for r in batch_ids]
-    sampler_output = SamplerOutput(sampled_token_ids=torch.tensor(rows, dtype=torch.int32), logprobs_tensors=None)
+    sampler_output = SamplerOutput(
+        sampled_token_ids=torch.tensor(rows, dtype=torch.int32), logprobs_tensors=None
+    )
     num_tokens = output.total_num_scheduled_tokens
     with set_current_vllm_config(built.vllm_config):
         kept = runner._bookkeeping_sync(
             output, sampler_output, None, torch.zeros(num_tokens, HEAD_SIZE), num_tokens
         )[2]
     for row, req_id in enumerate(batch_ids):
-        assert list(kept[row]) == sampled[req_id], f"{req_id}: bookkeeping kept {kept[row]}, sampled {sampled[req_id]}"
+        assert list(kept[row]) == sampled[req_id], (
+            f"{req_id}: bookkeeping kept {kept[row]}, sampled {sampled[req_id]}"
+        )
 
 
 @contextmanager
@@ -378,4 +390,3 @@ def npu_named(name: str | None) -> Iterator[None]:
 
 def drive(built: Built, **driver: Any) -> RunnerDriver:
     return RunnerDriver(built.scheduler, built=built, **driver)
-

@@ -61,13 +61,18 @@ def test_the_platform_answer_never_raises() -> None:
 
 
 def test_a_sub_block_below_the_chunk_is_refused_off_a_cr13() -> None:
-    with rh.npu_named("RBLN-CA25"), pytest.raises(ValueError, match="supports_prefill_chunk_across_kv_blocks"):
+    with (
+        rh.npu_named("RBLN-CA25"),
+        pytest.raises(ValueError, match="supports_prefill_chunk_across_kv_blocks"),
+    ):
         rh.build(rbln_settings={"sub_block_size": 8})
 
 
 def _python_with(pythonpath: list[Path], code: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(p) for p in [*pythonpath, HERE])}
-    prelude = f"import sys; sys.path.insert(0, {str(HERE)!r}); import rbln_sdk_stubs; rbln_sdk_stubs.install()\n"
+    prelude = (
+        f"import sys; sys.path.insert(0, {str(HERE)!r}); import rbln_sdk_stubs; rbln_sdk_stubs.install()\n"
+    )
     return subprocess.run(
         [sys.executable, "-c", prelude + code], env=env, capture_output=True, text=True, timeout=300
     )
@@ -87,8 +92,12 @@ def test_the_install_guard_refuses_a_vllm_that_is_not_the_rbln_build() -> None:
     assert result.returncode != 0
     last = result.stderr.strip().splitlines()[-1]
     base = PIN.base_version
-    assert last.startswith(f"RuntimeError: vllm-rbln needs the RBLN build of vLLM (vllm=={base}+rbln.<n>)"), last
-    assert last.endswith(f'install it with pip install --index-url <the RBLN wheel index>/simple "vllm=={base}+rbln.<n>"')
+    assert last.startswith(f"RuntimeError: vllm-rbln needs the RBLN build of vLLM (vllm=={base}+rbln.<n>)"), (
+        last
+    )
+    assert last.endswith(
+        f'install it with pip install --index-url <the RBLN wheel index>/simple "vllm=={base}+rbln.<n>"'
+    )
 
 
 def test_the_replaced_scheduler_is_gone_and_the_runner_imports_without_it() -> None:
@@ -108,11 +117,15 @@ def test_without_rbln_kv_cache_manager_the_runner_does_not_import(tmp_path: Path
     spec = importlib.util.find_spec("vllm_rbln")
     assert spec is not None and spec.submodule_search_locations
     copy = tmp_path / "vllm_rbln"
-    shutil.copytree(Path(list(spec.submodule_search_locations)[0]), copy, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(
+        Path(next(iter(spec.submodule_search_locations))), copy, ignore=shutil.ignore_patterns("__pycache__")
+    )
     (copy / "v1" / "core" / "rbln_kv_cache_manager.py").unlink()
     result = _python_with([tmp_path], "import vllm_rbln.v1.worker.rbln_model_runner")
     assert result.returncode != 0
-    assert "No module named 'vllm_rbln.v1.core.rbln_kv_cache_manager'" in result.stderr.strip().splitlines()[-1]
+    assert (
+        "No module named 'vllm_rbln.v1.core.rbln_kv_cache_manager'" in result.stderr.strip().splitlines()[-1]
+    )
 
 
 def test_the_requirement_lines() -> None:
@@ -141,7 +154,11 @@ def test_a_sliding_window_model() -> None:
     from vllm_rbln.v1.kv_cache import RBLNSlidingWindowSpec
 
     spec = RBLNSlidingWindowSpec(
-        block_size=rh.BLOCK_SIZE, num_kv_heads=rh.HEADS, head_size=rh.HEAD_SIZE, dtype=torch.float32, sliding_window=32
+        block_size=rh.BLOCK_SIZE,
+        num_kv_heads=rh.HEADS,
+        head_size=rh.HEAD_SIZE,
+        dtype=torch.float32,
+        sliding_window=32,
     )
     driver = rh.drive(rh.build(kv_cache_spec=spec, prefix_caching=False))
     for i in range(2):
@@ -163,5 +180,7 @@ def test_the_optimum_scheduler_is_built() -> None:
         vllm_config.additional_config = build_optimum_rbln_config({})  # type: ignore[attr-defined]
         return RBLNOptimumScheduler(vllm_config=vllm_config, **kwargs)  # type: ignore[arg-type]
 
-    scheduler = create_scheduler(scheduler_cls=optimum, block_size=32, max_num_batched_tokens=64, max_model_len=512)  # type: ignore[arg-type]
+    scheduler = create_scheduler(
+        scheduler_cls=optimum, block_size=32, max_num_batched_tokens=64, max_model_len=512
+    )  # type: ignore[arg-type]
     assert scheduler.aux_output_connector is None
