@@ -142,3 +142,15 @@ def test_a_copy_to_a_wrong_block_is_caught() -> None:
     driver.add(request("b", shared[:48] + h.distinct_prompt(9, 10)))
     with pytest.raises(AssertionError, match="the blocks holding the ends of the hits"):
         driver.run(20)
+
+
+def test_pp2_the_last_stage_with_two_batches_in_flight() -> None:
+    """Pipeline parallelism 2, two batches in flight (`step_with_batch_queue`): the runner plays
+    the last stage (its process group is one process, so it is the first stage too, and builds
+    every input from its own bookkeeping); decode steps hold at most max_num_seqs // 2."""
+    driver = rh.drive(rh.build(pipeline_parallel_size=2, max_num_seqs=4), max_in_flight=2)
+    for i in range(4):
+        driver.add(request(f"q{i}", h.distinct_prompt(60 + i, 20), max_tokens=6))
+    driver.run(200)
+    assert driver.finished == {"q0", "q1", "q2", "q3"}
+    assert driver.coverage.max_decode_batch == 2, driver.coverage
