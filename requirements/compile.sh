@@ -50,5 +50,6 @@ compile dev "the test lock plus what development needs (\`python build.py lint\`
 compile vllm-test "vLLM's runtime dependencies for the scheduler and conformance tiers (their own venv)." "$@"
 compile vllm-test-0.32 "vLLM 0.32.0's and 0.33.0's runtime dependencies for the scheduler and conformance tiers (pins.toml)." "$@"
 compile vllm-test-0.30 "vLLM 0.30.0's runtime dependencies for the parity tier's reference venv (docs/parity.md)." "$@"
+compile consumer "numba for the consumer tier's venv, beside a pin's vLLM test lock (docs/adopting.md)." "$@"
 # Installed with --no-deps (its own pins name the RBLN device stack): its dependencies stay out.
 compile vllm-rbln "vllm-rbln 0.12.0 for the parity tier's reference venv (pip --no-deps, docs/parity.md)." --no-deps "$@"

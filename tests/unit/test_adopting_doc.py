@@ -8,14 +8,15 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-SCHEDULER_TESTS = ROOT / "tests" / "scheduler"
+# The tiers whose tests the docs name by file alone: the scheduler tier's and the consumer tier's.
+TEST_DIRS = (ROOT / "tests" / "scheduler", ROOT / "tests" / "consumer")
 # Rows whose behaviour no workload or test shows yet (said in the row itself).
 NONE_YET = "none yet"
 
 
 def parity_rows() -> list[list[str]]:
     text = (ROOT / "docs" / "adopting.md").read_text()
-    table = text.split("## 5. The parity table", 1)[1]
+    table = text.split("## 7. The parity table", 1)[1]
     rows = [line for line in table.splitlines() if line.startswith("| ")]
     cells = [[cell.strip() for cell in row.strip("|").split(" | ")] for row in rows]
     assert cells[0] == ["vllm-rbln 0.12.0", "ours", "answer", "workload / test"]
@@ -29,8 +30,9 @@ def test_test_references() -> None:
         refs = re.findall(r"`(test_\w+\.py)(?:::(test_\w+))?(?:\[[\w-]+\])?`", text)
         assert refs, doc
         for file_name, function in refs:
-            source = SCHEDULER_TESTS / file_name
-            assert source.is_file(), f"{doc}: {file_name} is not in tests/scheduler"
+            found = [d / file_name for d in TEST_DIRS if (d / file_name).is_file()]
+            assert len(found) == 1, f"{doc}: {file_name} is not in tests/scheduler or tests/consumer"
+            source = found[0]
             if function:
                 assert re.search(rf"^def {function}\(", source.read_text(), re.M), (
                     f"{doc}: {file_name}::{function}"

