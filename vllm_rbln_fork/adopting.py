@@ -5,7 +5,8 @@ files are the source; ``series`` names them in order): what the plugin's maintai
 switch (docs/adopting.md). This module applies them to an unpacked wheel, or to the
 site-packages folder a wheel was installed into: ``git apply`` (which needs no repository),
 every patch checked before any is applied, so a patch that does not apply leaves the tree as
-it was.
+it was. ``deletes`` (optional) names the release's files that go, one path a line: listed
+rather than written as a deletion patch, which would carry every line of the file.
 """
 
 from __future__ import annotations
@@ -27,11 +28,12 @@ VLLM_RBLN = "vllm-rbln-0.12.0"
 class AdoptionPatches:
     release: str  # the folder's name: <plugin>-<version>
     patches: tuple[Path, ...]  # in the order they apply
+    deletions: tuple[str, ...] = ()  # paths in the release that go, after the patches
 
     @property
     def fingerprint(self) -> str:
-        """Changes whenever a patch or the order does (a cache key's part)."""
-        return ",".join(f"{p.name}:{sha256_of(p)}" for p in self.patches)
+        """Changes whenever a patch, the order or a deletion does (a cache key's part)."""
+        return ",".join([*(f"{p.name}:{sha256_of(p)}" for p in self.patches), *self.deletions])
 
 
 def adoption_patches(release: str = VLLM_RBLN, root: Path = ADOPTING) -> AdoptionPatches:
@@ -40,11 +42,7 @@ def adoption_patches(release: str = VLLM_RBLN, root: Path = ADOPTING) -> Adoptio
     series = folder / "series"
     if not series.is_file():
         raise SeriesError(f"{folder} has no series file: list its patches there, one name a line.")
-    names = [
-        line.strip()
-        for line in series.read_text().splitlines()
-        if line.strip() and not line.lstrip().startswith("#")
-    ]
+    names = _lines(series)
     missing = [name for name in names if not (folder / name).is_file()]
     if missing:
         raise SeriesError(
@@ -52,7 +50,18 @@ def adoption_patches(release: str = VLLM_RBLN, root: Path = ADOPTING) -> Adoptio
         )
     if not names:
         raise SeriesError(f"{series} names no patch: list the adoption patches there.")
-    return AdoptionPatches(release, tuple(folder / name for name in names))
+    deletes = folder / "deletes"
+    deletions = tuple(_lines(deletes)) if deletes.is_file() else ()
+    return AdoptionPatches(release, tuple(folder / name for name in names), deletions)
+
+
+def _lines(path: Path) -> list[str]:
+    """A list file's entries: one a line, blank lines and ``#`` comments skipped."""
+    return [
+        line.strip()
+        for line in path.read_text().splitlines()
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
 
 
 def apply_adoption_patches(tree: Path, patches: AdoptionPatches, *, exclude: tuple[str, ...] = ()) -> None:
@@ -80,3 +89,13 @@ def apply_adoption_patches(tree: Path, patches: AdoptionPatches, *, exclude: tup
             ) from error
         proc.run(["git", "apply", str(patch)], cwd=tree, env=env)
         applied.append(patch)
+    missing = [path for path in patches.deletions if not (tree / path).is_file()]
+    if missing:
+        for done in reversed(applied):
+            proc.run(["git", "apply", "--reverse", str(done)], cwd=tree, env=env)
+        raise PatchDoesNotApply(
+            f"{tree} has no {', '.join(missing)}, which {patches.release}'s deletes list removes: "
+            f"is that {patches.release}'s unpacked wheel?"
+        )
+    for path in patches.deletions:
+        (tree / path).unlink()

@@ -46,6 +46,7 @@ class ContractRunner:
     joined_decode_batch: int = 0
     new: int = 0
     resumed: int = 0
+    copies_in_shared_steps: int = 0
     cached_after_a_gap: int = 0
     copies: int = 0
     payloads: int = 0
@@ -98,15 +99,26 @@ class ContractRunner:
             assert self.tables[req_id] == list(scheduler.kv_cache_manager.get_block_ids(req_id)[0]), req_id
 
         # 3. The copies of sub-block hits.
+        # A copy belongs to a request the step admits (new, or resumed), whatever else the
+        # step holds: a decode-ready admission brings its copy into a decode step.
+        admitted = {data.req_id for data in output.scheduled_new_reqs} | set(
+            output.scheduled_cached_reqs.resumed_req_ids
+        )
         for copy in output.kv_cache_block_copies or ():
             self.copies += 1
-            assert len(scheduled) == 1, f"a copy in a step of {sorted(scheduled)}"
-            (req_id,) = scheduled
-            hit = computed_before[req_id]
-            assert hit % BLOCK != 0, "a copy for a hit that ends on a block boundary"
-            table = self.tables[req_id]
-            assert copy.dst_block_id == table[hit // BLOCK]
-            assert copy.src_block_id not in table
+            owners = [
+                r
+                for r in admitted
+                if computed_before[r] % BLOCK
+                and copy.dst_block_id == self.tables[r][computed_before[r] // BLOCK]
+            ]
+            assert len(owners) == 1, f"a copy to block {copy.dst_block_id} of no admitted request's hit"
+            (req_id,) = owners
+            if len(scheduled) > 1:
+                self.copies_in_shared_steps += 1
+            assert all(copy.src_block_id not in self.tables[r] for r in scheduled), (
+                "a copy from a block the step holds"
+            )
 
         # 4. What a non-last pipeline stage is sent. The stage keeps its own copy of each
         # request's tokens, from what it is sent alone: a new request's prompt, the whole list
@@ -372,6 +384,35 @@ def test_sub_block_copies_are_in_kv_cache_block_copies(sub_block_size: int) -> N
     assert not scheduler.has_requests()
     assert driver.runner.copies == 2
     h.assert_all_blocks_free(scheduler)
+
+
+def test_a_decode_ready_sub_block_hit_brings_its_copy_into_a_decode_step() -> None:
+    """Issue 28: the statement once said a copy comes in a step holding its request alone.
+    A hit of all but the last token that ends on a sub-block boundary inside a block is a
+    decode-ready admission: it joins the running decode's batch with its copy. Shown failing
+    with the old statement's check (`len(scheduled) == 1` for every copy)."""
+    from tests.v1.core.utils import create_scheduler
+
+    scheduler = create_scheduler(
+        scheduler_cls=h.rbln_scheduler_factory(h.sub_block_settings(4)),  # type: ignore[arg-type]
+        block_size=BLOCK,
+        num_blocks=40,
+        max_num_batched_tokens=16,
+        max_model_len=256,
+        enable_prefix_caching=True,
+        use_v2_model_runner=False,
+    )
+    driver = drive(scheduler)
+    first = h.distinct_prompt(3, 26)
+    driver.add(h.make_request("cached", first, max_tokens=1, hash_block_size=4))
+    driver.run(20)
+    driver.add(h.make_request("decoding", h.distinct_prompt(4, 10), max_tokens=12, hash_block_size=4))
+    driver.run(3)  # its prefill, then it decodes
+    # 24 of 25 tokens hit (inside block 1): one token left, a decode.
+    driver.add(h.make_request("joiner", [*first[:24], 4545], max_tokens=3, hash_block_size=4))
+    driver.run(40)
+    assert not scheduler.has_requests()
+    assert driver.runner.copies == 1 and driver.runner.copies_in_shared_steps == 1
 
 
 @pytest.mark.parametrize("drafts", [False, True], ids=["no-drafts", "ngram"])

@@ -415,14 +415,15 @@ def test_a_platform_that_cannot_answer_stops_only_a_size_that_needs_the_answer()
     previous = platforms._current_platform
     platforms._current_platform = mute()
     try:
-        for settings, prefix_caching in (
-            ({"enable_sub_block_cache": False}, True),
-            ({}, False),
-            ({}, True),
-            ({"sub_block_size": CHUNK}, True),
+        for settings, prefix_caching, chunk in (
+            ({"enable_sub_block_cache": False}, True, CHUNK),
+            ({}, False, CHUNK),
+            ({}, True, CHUNK),
+            ({}, True, 8),  # the default: sub-blocks of the chunk, 8
+            ({"sub_block_size": 8}, True, 8),
         ):
             plain = h.rbln_scheduler_factory(settings, chunks_cross_kv_blocks=False)
-            make_scheduler_with(plain, enable_prefix_caching=prefix_caching)
+            make_scheduler_with(plain, chunk=chunk, enable_prefix_caching=prefix_caching)
         below = h.rbln_scheduler_factory({"sub_block_size": 4}, chunks_cross_kv_blocks=False)
         with pytest.raises(RuntimeError, match="no RBLN device name is known"):
             make_scheduler_with(below)

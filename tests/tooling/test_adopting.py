@@ -102,3 +102,24 @@ def test_the_real_series_names_its_two_patches() -> None:
         "port-to-vllm-0.31.0.patch",
     ]
     assert all(p.parent == ADOPTING / VLLM_RBLN for p in listed.patches)
+    # The replaced scheduler goes by name (a deletion patch would carry its every line).
+    assert listed.deletions == ("vllm_rbln/v1/core/rbln_scheduler.py",)
+    assert all("deleted file mode" not in p.read_text() for p in listed.patches)
+
+
+def test_the_listed_deletions_go_after_the_patches(tmp_path: Path) -> None:
+    release, patches = _release(tmp_path)
+    (release / "plugin" / "scheduler.py").write_text("class Scheduler: ...\n")
+    (patches / "deletes").write_text("# goes\nplugin/scheduler.py\n")
+    apply_adoption_patches(release, adoption_patches("plugin-1.0", root=patches.parent))
+    assert not (release / "plugin" / "scheduler.py").exists()
+    assert (release / "plugin" / "runner.py").read_text() == "copies = output.kv_cache_block_copies\n"
+
+
+def test_a_deletion_of_a_missing_file_undoes_the_patches(tmp_path: Path) -> None:
+    release, patches = _release(tmp_path)
+    before = {p.name: p.read_text() for p in (release / "plugin").iterdir()}
+    (patches / "deletes").write_text("plugin/scheduler.py\n")
+    with pytest.raises(PatchDoesNotApply, match=r"has no plugin/scheduler\.py, which plugin-1\.0's deletes"):
+        apply_adoption_patches(release, adoption_patches("plugin-1.0", root=patches.parent))
+    assert {p.name: p.read_text() for p in (release / "plugin").iterdir()} == before
