@@ -451,9 +451,9 @@ def _copy_conformance_lists(project: Project, newest: Pin, target: Pin) -> list[
         project.root / "tests" / "upstream" / str(newest),
         project.root / "tests" / "upstream" / str(target),
     )
-    if not old.is_dir() or new.exists():
+    if not old.is_dir() or (new.exists() and (not new.is_dir() or any(new.iterdir()))):
         return []
-    shutil.copytree(old, new)
+    shutil.copytree(old, new, dirs_exist_ok=True)  # an empty folder git does not see: as none
     return [str(p.relative_to(project.root)) for p in sorted(new.rglob("*")) if p.is_file()]
 
 
