@@ -63,6 +63,16 @@ ERROR_EXIT = 3
 # The base every move branches from: the project's default branch (origin/HEAD's, else this).
 DEFAULT_BASE = "main"
 BRANCH_PREFIX = "watch/vllm-"
+# What the forge gives a step to write its outputs, environment and summary with, and the
+# runner's own tokens: never handed to the caged run (:func:`caged_env`).
+FORGE_HANDLES = (
+    "GITHUB_OUTPUT",
+    "GITHUB_ENV",
+    "GITHUB_PATH",
+    "GITHUB_STATE",
+    "GITHUB_STEP_SUMMARY",
+    "ACTIONS_",
+)
 
 
 # What the watcher may write, relative to the project root; the commit adds only these.
@@ -505,12 +515,15 @@ def caged_env(cage: Path, environ: dict[str, str] | None = None) -> dict[str, st
     package cache stays shared (a fresh env installs in seconds), but uv copies files out of it
     (``UV_LINK_MODE=copy``): a hard link would let a write into the new env change the cache's
     file, and every env linked from it. build.py's re-exec marker is dropped, so the run makes
-    and enters its own tool env."""
+    and enters its own tool env. On the forge, the files a step writes its outputs and
+    environment to (``GITHUB_OUTPUT``, ``GITHUB_ENV``, ...) and the runner's ``ACTIONS_*``
+    are not handed on: the release's code cannot set the watch job's outcome."""
     environ = dict(os.environ if environ is None else environ)
     home_cache = Path(environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     environ.setdefault("UV_CACHE_DIR", str(home_cache / "uv"))
-    environ.pop("VLLM_RBLN_FORK_BOOTSTRAPPED", None)
-    environ.pop("PYTHONPATH", None)
+    for name in [*environ]:
+        if name in ("VLLM_RBLN_FORK_BOOTSTRAPPED", "PYTHONPATH") or name.startswith(FORGE_HANDLES):
+            del environ[name]
     return {
         **environ,
         "XDG_CACHE_HOME": str(cage / "xdg-cache"),

@@ -7,6 +7,7 @@ conflict tree; a conflict recorded in rerere/ is carried by itself (docs/patch-w
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -24,7 +25,6 @@ from vllm_rbln_fork.pins import Pin
 from vllm_rbln_fork.pipeline import build
 from vllm_rbln_fork.project import Project
 from vllm_rbln_fork.review import review
-from vllm_rbln_fork.source import SourceSpec
 from vllm_rbln_fork.supported import listed_pins, supported_pins
 from vllm_rbln_fork.watch import Outcome, newer_release, summary, watch
 from vllm_rbln_fork.workflow import continue_carry, export
@@ -413,14 +413,15 @@ def test_untracked_files_in_the_new_pins_lists_are_refused_not_committed(repo_fo
 HOSTILE_BUILD_PY = """\
 # The new release's code as the scheduler tier runs it (its setup.py, then vLLM in the tests):
 # it writes into every environment and cache it is given, then exits as STATUS says.
-import os, pathlib, sys
+import json, os, pathlib, sys
 seen = {k: os.environ.get(k, "") for k in ("XDG_CACHE_HOME", "VLLM_RBLN_FORK_CACHE", "UV_LINK_MODE",
-        "VLLM_RBLN_FORK_BOOTSTRAPPED")}
+        "VLLM_RBLN_FORK_BOOTSTRAPPED", "GITHUB_OUTPUT")}
 xdg = pathlib.Path(seen["XDG_CACHE_HOME"] or pathlib.Path.home() / ".cache")
-for planted in (xdg / "vllm-rbln-fork" / "tool-envs" / "planted", pathlib.Path(seen["VLLM_RBLN_FORK_CACHE"]) / "wheels" / "planted"):
+cache = pathlib.Path(seen["VLLM_RBLN_FORK_CACHE"])
+for planted in (xdg / "vllm-rbln-fork" / "tool-envs" / "planted", cache / "wheels" / "planted"):
     planted.parent.mkdir(parents=True, exist_ok=True)
     planted.write_text("from the release")
-pathlib.Path(__file__).with_name("seen.txt").write_text(repr(seen))
+pathlib.Path(__file__).with_name("seen.txt").write_text(json.dumps(seen))
 sys.exit(int(pathlib.Path(__file__).with_name("STATUS").read_text()))
 """
 
@@ -437,6 +438,7 @@ def hostile_tier(repo_fork: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     _git(root, "commit", "-q", "-m", "build.py")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "user-cache"))
     monkeypatch.setenv("VLLM_RBLN_FORK_BOOTSTRAPPED", str(tmp_path / "user-cache" / "tool-env"))
+    monkeypatch.setenv("GITHUB_OUTPUT", str(tmp_path / "step-outputs"))  # as on the forge
     _only_on_index(repo_fork, "1.0", "1.1")
     return tmp_path / "user-cache"
 
@@ -449,8 +451,9 @@ def test_the_new_release_runs_caged_and_nothing_it_wrote_is_kept(repo_fork: Any,
     fork, root = repo_fork, repo_fork.project.root
     moved = watch(fork.project, fork.spec())
     assert moved.outcome is Outcome.READY and moved.tier_passed is True, moved.tier
-    seen = eval((root / "seen.txt").read_text())  # noqa: S307 (our own repr)
+    seen = json.loads((root / "seen.txt").read_text())
     assert seen["UV_LINK_MODE"] == "copy" and seen["VLLM_RBLN_FORK_BOOTSTRAPPED"] == ""
+    assert seen["GITHUB_OUTPUT"] == ""  # it cannot write the watch step's outcome
     for name in ("XDG_CACHE_HOME", "VLLM_RBLN_FORK_CACHE"):
         assert seen[name] and not Path(seen[name]).exists(), name  # the cage is gone
     assert not list(hostile_tier.rglob("planted"))

@@ -3,7 +3,8 @@
 Every series in ``series/`` reads and lints (each patch's ``Origin`` and description,
 ``series.lint``; every file it names exists), every ``series/<pin>`` is a pin ``pins.toml``
 lists, every supported pin has its series (a pin being moved to may have none yet: its carry
-stopped at a conflict), and no file under ``patches/`` is left that no series names. The build finds each of these too, but only at the pin it builds.
+stopped at a conflict), and no file under ``patches/`` is left that no series names. The
+build finds each of these too, but only at the pin it builds.
 """
 
 from __future__ import annotations
