@@ -9,7 +9,8 @@ Expressions: the subset the project's workflows use in ``env:`` and ``if:``: con
 (``matrix.pin``, ``steps.watch.outputs.outcome``, ``needs.watch.outputs.branch``, ``vars.X``,
 ``secrets.X``, ``inputs.X``, ...), string and
 number literals, ``==``, ``!=``, ``&&``, ``||``, ``!``, parentheses, and ``success()``,
-``failure()``, ``always()``, ``cancelled()``. Anything else is an error, not a guess.
+``failure()``, ``always()``, ``cancelled()``; a step's ``if:`` with none of these four is
+``success() && (...)``, as the runner reads it. Anything else is an error, not a guess.
 """
 
 from __future__ import annotations
@@ -213,8 +214,11 @@ def run_job(
         if "uses" in step:
             run.steps.append(StepResult(name, False, f"the forge's action {step['uses']}"))
             continue
-        condition = step.get("if", "success()")
-        condition = condition if "${{" in str(condition) else "${{ " + str(condition) + " }}"
+        condition = str(step.get("if", "success()")).strip()
+        condition = condition.removeprefix("${{").removesuffix("}}")
+        if not re.search(r"\b(success|failure|always|cancelled)\(\)", condition):
+            condition = f"success() && ({condition})"  # as the runner reads an if: without one
+        condition = "${{ " + condition + " }}"
         if not _truthy(evaluate(condition, {**contexts, "env": env}, failed)):
             run.steps.append(StepResult(name, False, f"if: {step.get('if')} is false"))
             continue
