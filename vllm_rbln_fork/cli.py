@@ -194,7 +194,7 @@ def _watch_parser() -> argparse.ArgumentParser:
         description="Start the move to a vLLM release newer than the newest supported pin, if the "
         "index has one: on a branch, carry the series (rerere/), write series/<new>, mark the pin "
         "moving, draft docs/rebases/v<new>.md, run the scheduler tier. Exit 0 nothing new, 1 a move "
-        "ready for review, 2 work left by hand (docs/patch-workflow.md).",
+        "ready for review, 2 work left by hand, 3 the watcher's own error (docs/patch-workflow.md).",
     )
     parser.add_argument("--index-url", help="the index to watch (default: pip's)")
     parser.add_argument("--release", metavar="VERSION", help="move to this release only (it must be newer)")
