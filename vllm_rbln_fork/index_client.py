@@ -23,6 +23,7 @@ from .errors import IndexUnreachable, PinNotFound, SourceHashMismatch
 from .files import remember_sha256, sha256_remembered
 from .paths import hash_memo_dir
 from .pins import LockedSdist, Pin
+from .urls import redact
 
 PROJECT = "vllm"
 
@@ -51,6 +52,14 @@ class RemoteSdist:
     def locked(self) -> LockedSdist:
         return LockedSdist(self.filename, self.sha256)
 
+    @property
+    def yanked(self) -> bool:
+        return self.package.is_yanked
+
+    @property
+    def yanked_reason(self) -> str:
+        return (self.package.yanked_reason or "").strip() or "no reason given"
+
 
 def check_index_scheme(index_url: str, flag: str = "--index-url") -> None:
     """Refuse, before any network error could be blamed, an index that is not read over
@@ -64,7 +73,8 @@ def check_index_scheme(index_url: str, flag: str = "--index-url") -> None:
         )
 
 
-def _sdist_versions(index_url: str) -> dict[Version, RemoteSdist]:
+def sdists(index_url: str) -> dict[Version, RemoteSdist]:
+    """Every sdist of vllm on the index (with a sha256), by version; yanked ones too."""
     check_index_scheme(index_url)
     try:
         with PyPISimple(endpoint=index_url) as client:
@@ -76,6 +86,9 @@ def _sdist_versions(index_url: str) -> dict[Version, RemoteSdist]:
             f"cannot read the package index {index_url}: {exc}. Check the network or point "
             f"--index-url at a reachable mirror; --source PATH builds from a local sdist."
         ) from None
+    # Every sdist with a sha256, yanked ones too (PEP 592: an exact pin may still use a yanked
+    # file; only a list of candidates skips them). Of two files of one version, a file not
+    # yanked wins.
     found: dict[Version, RemoteSdist] = {}
     for pkg in page.packages:
         if pkg.package_type != "sdist" or not pkg.filename.endswith(".tar.gz"):
@@ -85,22 +98,39 @@ def _sdist_versions(index_url: str) -> dict[Version, RemoteSdist]:
         except (ValueError, InvalidVersion):
             continue
         sha256 = pkg.digests.get("sha256")
-        if sha256 is None or pkg.is_yanked:
+        if sha256 is None or (version in found and pkg.is_yanked and not found[version].yanked):
             continue
         found[version] = RemoteSdist(pkg.filename, pkg.url, sha256, pkg.size, index_url, pkg)
     return found
 
 
+def _is_release(version: Version) -> bool:
+    """A final release (PEP 440): not a pre- or dev-release, nor a local build (``1.1+cpu``,
+    a mirror's rebuild, not vLLM's release). A post-release (``0.2.1.post1``) is one."""
+    return not version.is_prerelease and version.local is None
+
+
 def releases(index_url: str) -> list[Version]:
-    """The final releases (no pre-, dev- or post-release) with an sdist on the index, oldest first."""
-    return sorted(v for v in _sdist_versions(index_url) if not (v.is_prerelease or v.is_postrelease))
+    """The final releases with an sdist on the index that is not yanked (the candidates a move
+    may go to), oldest first: post-releases included, local versions and yanked files not."""
+    return sorted(v for v, s in sdists(index_url).items() if _is_release(v) and not s.yanked)
 
 
 def find_sdist(pin: Pin, index_url: str) -> RemoteSdist:
-    available = _sdist_versions(index_url)
+    """The sdist of exactly ``pin``; a yanked one too (PEP 592: an exact pin may use it), with a
+    warning that names the index's reason."""
+    available = sdists(index_url)
     if pin.version in available:
-        return available[pin.version]
-    nearest = nearby_releases([v for v in available if not v.is_prerelease], pin.version)
+        found = available[pin.version]
+        if found.yanked:
+            log.warn(
+                f"{found.filename} is yanked on {redact(index_url)} ({found.yanked_reason}); used because "
+                f"vllm {pin} is asked for exactly (PEP 592)"
+            )
+        return found
+    nearest = nearby_releases(
+        [v for v, s in available.items() if _is_release(v) and not s.yanked], pin.version
+    )
     hint = ", ".join(str(v) for v in nearest) or "none"
     raise PinNotFound(
         f"vllm {pin} has no sdist on {index_url}. Nearby releases there: {hint}. Pick one of them with --pin."

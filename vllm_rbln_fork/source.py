@@ -18,7 +18,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from .errors import BadPin, ForkError, SourceHashMismatch, UnsafeSource
-from .files import sha256_remembered
+from .files import sha256_remembered, user_path
 from .paths import downloads_dir, hash_memo_dir
 from .pins import LockedSdist, Pin, PinsLock
 from .urls import redact
@@ -116,7 +116,7 @@ class SourceSpec:
                 )
             _check_git_url(url)
             return cls(SourceKind.GIT, url, ref)
-        path = Path(source).expanduser().resolve()
+        path = user_path(source, "--source")
         if path.is_file() and path.name.endswith((".tar.gz", ".tgz")):
             return cls(SourceKind.SDIST, str(path))
         if path.is_dir():

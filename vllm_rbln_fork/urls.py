@@ -14,7 +14,8 @@ _USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^/?
 # A secret in the query string (``?token=...``, a signed URL's ``X-Amz-Signature=...``) or the
 # fragment (OAuth's ``#access_token=...``): the value of a parameter whose name says it holds
 # one. Other parameters stay: they tell which file or page (``#sha256=`` a file's hash). Only
-# parameters of a URL (after its ``?`` or ``#`` in a ``scheme://`` word) count.
+# parameters of a URL (after its ``?`` or ``#`` in a ``scheme://`` word, or a word that is a
+# path) count.
 # The name is all of it from the ``?``, ``#`` or ``&`` before it (``auth[token]``,
 # ``credentials%5Bpassword%5D``: PHP's and Rails' nested form), and a secret word anywhere in
 # it makes it a secret.
@@ -24,7 +25,12 @@ _SECRET_PARAM = re.compile(
     r"[^?#&=\s]*)=(?P<value>[^&#\s]*)",
     re.IGNORECASE,
 )
-_URL_PARAMS = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^?#\s]*)(?P<params>[?#]\S*)")
+# A URL is a ``scheme://`` word, or a path alone starting a word (``/x.whl?X-Amz-Signature=...``):
+# requests' "Max retries exceeded with url: /path?query" names the request's path and query,
+# with no scheme.
+_URL_PARAMS = re.compile(
+    r"(?P<head>(?:[A-Za-z][A-Za-z0-9+.-]*://|(?<![^\s(\[<'\"=:])/)[^?#\s]*)(?P<params>[?#]\S*)"
+)
 
 
 def redact(text: str) -> str:

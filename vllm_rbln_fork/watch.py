@@ -19,14 +19,20 @@ project's git repository, from the existing steps and nothing else:
 
 It never changes a supported pin's entry, series or patch files (only the new pin's are
 written), never publishes and never deletes a series. Its outcome is an exit status (0
-nothing new, 1 a move ready for review, 2 work left by hand) and a short Markdown summary
-for a pull request or an issue.
+nothing new, 1 a move ready for review, 2 work left by hand; 3 the watcher's own error, with
+everything put back) and a short Markdown summary for a pull request or an issue.
+
+The new release's own code (its ``setup.py``, then vLLM itself in the tests) is unreviewed:
+the scheduler tier runs it in a cage of its own (:func:`_scheduler_tier`), a fresh tool
+environment, build cache and test venv that are removed afterwards and that nothing reuses.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from enum import IntEnum
@@ -51,6 +57,24 @@ class Outcome(IntEnum):
     BY_HAND = 2  # the move stopped: work left by hand (an issue)
 
 
+# The exit status of an error of the watcher's own (the index unreachable, a scheduler tier that
+# cannot start, a failed commit): not work left by hand. The repository is put back as it was.
+ERROR_EXIT = 3
+# The base every move branches from: the project's default branch (origin/HEAD's, else this).
+DEFAULT_BASE = "main"
+BRANCH_PREFIX = "watch/vllm-"
+# What the forge gives a step to write its outputs, environment and summary with, and the
+# runner's own tokens: never handed to the caged run (:func:`caged_env`).
+FORGE_HANDLES = (
+    "GITHUB_OUTPUT",
+    "GITHUB_ENV",
+    "GITHUB_PATH",
+    "GITHUB_STATE",
+    "GITHUB_STEP_SUMMARY",
+    "ACTIONS_",
+)
+
+
 # What the watcher may write, relative to the project root; the commit adds only these.
 WRITES = ("pins.toml", "pins.lock", "fork-releases.toml", "series", "patches", "rerere", "docs/rebases")
 
@@ -60,6 +84,8 @@ class Watched:
     outcome: Outcome
     newest_supported: Pin
     release: Pin | None = None  # the release moved to; None: nothing new
+    also_new: tuple[Pin, ...] = ()  # newer releases not moved to (an older one, or one waiting)
+    root: Path | None = None  # the project: paths are shown relative to it
     note: str = ""  # why nothing was done (nothing new, or a move already under way)
     branch: str | None = None
     commit: str | None = None
@@ -79,12 +105,30 @@ class Watched:
     seconds: float = 0.0
 
 
+@dataclass(frozen=True)
+class Candidates:
+    """What the index offers against the project: the release to move to, or why none."""
+
+    newest: Pin  # the newest supported pin
+    target: Pin | None  # the release to move to; None: nothing to do
+    note: str = ""  # why nothing is done
+    also_new: tuple[Pin, ...] = ()  # other releases newer than ``newest``, not moved to
+
+
 def newer_release(
-    project: Project, index_url: str, release: Pin | None = None
-) -> tuple[Pin, Pin | None, str]:
-    """(newest supported pin, the release to move to or None, why None). ``release``: consider
-    only that one (it must be on the index)."""
-    from .index_client import releases
+    project: Project, index_url: str, release: Pin | None = None, branches: tuple[Pin, ...] = ()
+) -> Candidates:
+    """The release to move to. ``release``: consider only that one (it must have an sdist on the
+    index, yanked or not: it is asked for exactly). ``branches``: the releases whose move has a
+    ``watch/vllm-<release>`` branch.
+
+    Two or more new releases at once: the newest is moved to (an older one would be moved
+    again at once), and the others are named. A move already under way (a ``moving`` pin, or
+    its branch) newer than the newest supported pin: nothing is started, not even to a newer
+    release (its move would start from the newest supported pin and ignore the resolutions of
+    the move under way); the newer release is named, and is moved to once that move lands.
+    ``--release`` overrides that wait (not a move to the same release)."""
+    from .index_client import releases, sdists
 
     supported = supported_pins(project)
     if not supported:
@@ -94,23 +138,43 @@ def newer_release(
         )
     newest = supported[-1].pin
     listed = {s.pin: s.status for s in listed_pins(project)}
-    available = [Pin(v) for v in releases(index_url)]
+    under_way = {p: f'pins.toml: [pin."{p}"] status = "{st}"' for p, st in listed.items() if p > newest}
+    for p in branches:
+        if p > newest:
+            under_way.setdefault(p, f"on branch {BRANCH_PREFIX}{p}")
     if release is not None:
-        if release not in available:
-            raise ForkError(f"--release {release}: the index {index_url} has no sdist of vllm {release}.")
-        available = [release]
-    newer = [p for p in available if p > newest]
+        if release.version not in sdists(index_url):
+            raise ForkError(
+                f"--release {release}: the index {index_url} has no sdist of vllm {release}. Check the "
+                "version, or leave --release out to move to the newest release there."
+            )
+        if release <= newest:
+            return Candidates(newest, None, f"nothing new: {release} is not newer than {newest}")
+        if release in under_way:
+            return Candidates(
+                newest, None, f"a move to {release} is under way already ({under_way[release]})"
+            )
+        return Candidates(newest, release)
+    newer = [Pin(v) for v in releases(index_url) if Pin(v) > newest]
     if not newer:
-        return newest, None, f"nothing new: the newest vLLM release on the index is not newer than {newest}"
-    target = newer[-1]
-    if target in listed:
-        return (
-            newest,
-            None,
-            f'a move to {target} is under way already (pins.toml: [pin."{target}"] status = '
-            f'"{listed[target]}"); nothing new beyond it',
+        return Candidates(
+            newest, None, f"nothing new: the newest vLLM release on the index is not newer than {newest}"
         )
-    return newest, target, ""
+    if under_way:
+        moving = max(under_way)
+        waiting = tuple(p for p in newer if p > moving)
+        note = f"a move to {moving} is under way already ({under_way[moving]})"
+        if waiting:
+            note += (
+                f"; {', '.join(map(str, waiting))} {'is' if len(waiting) == 1 else 'are'} newer and "
+                f"waiting: the move to {waiting[-1]} starts from {moving} once {moving} is supported "
+                f"(to move to it from {newest} now, abandon the move to {moving}: delete its branch and "
+                f"its pins.toml entry)"
+            )
+        else:
+            note += "; nothing new beyond it"
+        return Candidates(newest, None, note, waiting)
+    return Candidates(newest, newer[-1], also_new=tuple(newer[:-1]))
 
 
 def watch(
@@ -122,58 +186,162 @@ def watch(
     run_tier: bool = True,
 ) -> Watched:
     """Start the move to the newest vLLM release newer than the newest supported pin (see the
-    module's docstring). ``branch``: on a new branch, committed; ``run_tier``: run the
-    scheduler tier at the new pin (it needs the project's own tests)."""
+    module's docstring). ``branch``: on a new branch off the default branch (whatever branch the
+    work tree is on), committed; ``run_tier``: run the scheduler tier at the new pin (it needs
+    the project's own tests).
+
+    An error on the way (or an interrupt) puts everything back as it was: the work tree (on its
+    own branch, or, with ``branch=False``, its files), and no branch, conflict tree or review
+    folder of the move left, so the next run starts the move again."""
     start = time.perf_counter()
-    newest, target, why = newer_release(project, spec.index_url(), release)
-    if target is None:
-        return Watched(Outcome.NOTHING_NEW, newest, note=why, seconds=time.perf_counter() - start)
-    name = f"watch/vllm-{target}" if branch else None
-    if name is not None:
-        _check_work_tree(project)
-    if name is not None and _git(project, "branch", "--list", name):
-        note = f"a move to {target} is under way already on branch {name}; nothing new beyond it"
-        return Watched(Outcome.NOTHING_NEW, newest, note=note, seconds=time.perf_counter() - start)
-    if name is None:
-        return _move(project, spec, newest, target, None, run_tier, start)
+    if not branch:
+        found = newer_release(project, spec.index_url(), release, _move_branches(project))
+        if found.target is None:
+            return _nothing(found, project, start)
+        undo = _Undo.snapshot(project, found.target)
+        try:
+            return _move(project, spec, found, None, run_tier, start)
+        except BaseException:
+            undo.restore()
+            raise
+    _check_work_tree(project)
     back = _git(project, "rev-parse", "--abbrev-ref", "HEAD")  # "HEAD": detached
     back_commit = _git(project, "rev-parse", "HEAD")
-    # Written by the move besides WRITES: the new pin's conformance lists, if not there before.
-    extra = f"tests/upstream/{target}"
-    cleaned = (*WRITES, *(() if (project.root / extra).exists() else (extra,)))
+    base = _base(project)
+    _git(project, "switch", "--quiet", "--detach", base)
+    try:
+        found = newer_release(project, spec.index_url(), release, _move_branches(project))
+        if found.target is not None:
+            _check_new_pin_files(project, found.target)
+    except BaseException:
+        _switch_back(project, back, back_commit)
+        raise
+    if found.target is None:
+        _switch_back(project, back, back_commit)
+        return _nothing(found, project, start)
+    name = f"{BRANCH_PREFIX}{found.target}"
+    undo = _Undo.snapshot(project, found.target)
     _git(project, "switch", "--quiet", "-c", name)
     try:
-        return _move(project, spec, newest, target, name, run_tier, start)
+        return _move(project, spec, found, name, run_tier, start)
     except BaseException:
-        _abandon(project, name, back, back_commit, target, cleaned)
+        log.warn(f"the move to {found.target} failed: back to {back}, branch {name} removed")
+        _git(project, "reset", "--quiet", "--hard")
+        undo.restore()
+        _switch_back(project, back, back_commit)
+        _git(project, "branch", "--quiet", "-D", name)
         raise
 
 
-def _abandon(
-    project: Project, name: str, back: str, back_commit: str, target: Pin, cleaned: tuple[str, ...]
-) -> None:
-    """After an error (or an interrupt) during the move: back to the branch (or detached commit)
-    it started from, the work tree as it was (it was clean in what the watcher writes), and no
-    branch ``name`` left to make the next run think the move under way."""
-    log.warn(f"the move to {target} failed: back to {back}, branch {name} removed")
-    _git(project, "reset", "--quiet", "--hard")
-    ours = [p for p in cleaned if (project.root / p).exists()]
-    if ours:
-        _git(project, "clean", "--quiet", "-d", "--force", "--", *ours)
+def _nothing(found: Candidates, project: Project, start: float) -> Watched:
+    return Watched(
+        Outcome.NOTHING_NEW,
+        found.newest,
+        note=found.note,
+        also_new=found.also_new,
+        root=project.root,
+        seconds=time.perf_counter() - start,
+    )
+
+
+def _base(project: Project) -> str:
+    """The commit a move branches from: the default branch (origin/HEAD's, else ``main``), its
+    local branch if there is one, else the remote's."""
+    try:
+        name = _git(project, "symbolic-ref", "--quiet", "--short", "refs/remotes/origin/HEAD").partition("/")[
+            2
+        ]
+    except ForkError:
+        name = ""
+    name = name or DEFAULT_BASE
+    for ref in (f"refs/heads/{name}", f"refs/remotes/origin/{name}"):
+        try:
+            return _git(project, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}")
+        except ForkError:
+            continue
+    raise ForkError(
+        f"{project.root} has no branch {name} (nor origin/{name}): the watcher starts each move from "
+        "the default branch. Create it, or give --no-branch to write in place."
+    )
+
+
+def _switch_back(project: Project, back: str, back_commit: str) -> None:
     _git(project, "switch", "--quiet", *(("--detach", back_commit) if back == "HEAD" else (back,)))
-    _git(project, "branch", "--quiet", "-D", name)
+
+
+def _move_branches(project: Project) -> tuple[Pin, ...]:
+    """The releases with a ``watch/vllm-<release>`` branch (the forge fetches them)."""
+    from packaging.version import InvalidVersion
+
+    try:
+        listed = _git(project, "for-each-ref", "--format=%(refname:short)", f"refs/heads/{BRANCH_PREFIX}*")
+    except ForkError:
+        return ()  # not a git repository (--no-branch)
+    found = []
+    for line in listed.splitlines():
+        try:
+            found.append(Pin.parse(line.strip().removeprefix(BRANCH_PREFIX)))
+        except (ForkError, InvalidVersion):
+            continue
+    return tuple(found)
+
+
+@dataclass
+class _Undo:
+    """What a move writes, as it was before it, to put back after an error: the project files
+    the watcher writes (``WRITES``), the new pin's conformance lists, and the work trees the move
+    makes (``work/conflict-v<new>``, a git work tree of the cache's repository, and
+    ``work/review-v<new>``), removed if they were not there."""
+
+    project: Project
+    names: tuple[str, ...]
+    files: dict[Path, bytes]  # every file under ``names`` before the move
+    dirs: frozenset[Path]  # every folder under ``names`` before the move
+    made: tuple[Path, ...]
+
+    @classmethod
+    def snapshot(cls, project: Project, target: Pin) -> _Undo:
+        names = (*WRITES, f"tests/upstream/{target}")
+        paths = [p for name in names for p in _under(project.root / name)]
+        trees = (project.work_dir / f"conflict-v{target}", project.work_dir / f"review-v{target}")
+        return cls(
+            project,
+            names,
+            {p: p.read_bytes() for p in paths if p.is_file()},
+            frozenset(p for p in paths if p.is_dir()),
+            tuple(t for t in trees if not t.exists() and not t.is_symlink()),
+        )
+
+    def restore(self) -> None:
+        for name in self.names:
+            for path in sorted(_under(self.project.root / name), reverse=True):  # children first
+                if path.is_dir() and not path.is_symlink():
+                    if path not in self.dirs and not any(path.iterdir()):
+                        path.rmdir()
+                elif path not in self.files:
+                    path.unlink()
+        for path, data in self.files.items():
+            if not path.is_file() or path.read_bytes() != data:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                write_atomic(path, data)
+        for tree in self.made:
+            if tree.exists():
+                shutil.rmtree(tree)  # a conflict tree's record in the cache repo: pruned by the next carry
+
+
+def _under(path: Path) -> list[Path]:
+    """``path`` and everything under it (nothing if it is not there)."""
+    if path.is_dir() and not path.is_symlink():
+        return [path, *path.rglob("*")]
+    return [path] if path.exists() or path.is_symlink() else []
 
 
 def _move(
-    project: Project,
-    spec: SourceSpec,
-    newest: Pin,
-    target: Pin,
-    name: str | None,
-    run_tier: bool,
-    start: float,
+    project: Project, spec: SourceSpec, found: Candidates, name: str | None, run_tier: bool, start: float
 ) -> Watched:
     """The move itself (steps 2 to 6 of the module's docstring), on branch ``name`` if given."""
+    newest, target = found.newest, found.target
+    assert target is not None
     _mark_moving(project, target)
     copied = _copy_conformance_lists(project, newest, target)
 
@@ -204,12 +372,14 @@ def _move(
         tier, passed = _scheduler_tier(project, target)
     elif carried:
         tier = "not run (--no-tier)"
-    left = _left_by_hand(target, newest, tree, carried, passed, bool(flagged), result.next_commands)
+    left = _left_by_hand(target, newest, name, stopped_at, carried, passed, bool(flagged))
     outcome = Outcome.READY if carried and passed is not False else Outcome.BY_HAND
     watched = Watched(
         outcome,
         newest,
         target,
+        also_new=found.also_new,
+        root=project.root,
         branch=name,
         report=report,
         conflict_tree=None if carried else tree,
@@ -219,7 +389,7 @@ def _move(
         stopped_at=stopped_at,
         unresolved=unresolved,
         flagged=flagged,
-        written=tuple([*dict.fromkeys(written), *copied]),
+        written=tuple(dict.fromkeys([*written, *copied])),
         tier=tier,
         tier_passed=passed,
         left=left,
@@ -230,7 +400,7 @@ def _move(
     write_atomic(record, draft_record(watched))
     watched = _replace(watched, record=record, seconds=time.perf_counter() - start)
     if name is not None:
-        watched = _replace(watched, commit=_commit(project, watched))
+        watched = _replace(watched, commit=_commit(project, watched, copied))
     return watched
 
 
@@ -264,6 +434,19 @@ def _check_work_tree(project: Project) -> None:
         )
 
 
+def _check_new_pin_files(project: Project, target: Pin) -> None:
+    """Nothing of the new pin's may be there untracked: the move's commit would take it in."""
+    stray = _git(
+        project, "status", "--porcelain", "--untracked-files=all", "--", f"tests/upstream/{target}"
+    ).strip()
+    if stray:
+        raise ForkError(
+            f"{project.root / 'tests' / 'upstream' / str(target)} holds files git does not track "
+            f"({stray.splitlines()[0][3:]} ...): the move to {target} would commit them. Move them "
+            "away or delete them, then run the watcher again."
+        )
+
+
 def _mark_moving(project: Project, target: Pin) -> None:
     """Append ``[pin."<target>"] status = "moving"`` to pins.toml (its text and comments kept)."""
     text = project.pins_file.read_text(encoding="utf-8")
@@ -278,9 +461,9 @@ def _copy_conformance_lists(project: Project, newest: Pin, target: Pin) -> list[
         project.root / "tests" / "upstream" / str(newest),
         project.root / "tests" / "upstream" / str(target),
     )
-    if not old.is_dir() or new.exists():
+    if not old.is_dir() or (new.exists() and (not new.is_dir() or any(new.iterdir()))):
         return []
-    shutil.copytree(old, new)
+    shutil.copytree(old, new, dirs_exist_ok=True)  # an empty folder git does not see: as none
     return [str(p.relative_to(project.root)) for p in sorted(new.rglob("*")) if p.is_file()]
 
 
@@ -294,33 +477,83 @@ def _stopped_at(tree: Path) -> tuple[str, tuple[str, ...]]:
 
 
 def _scheduler_tier(project: Project, target: Pin) -> tuple[str, bool]:
-    """``build.py test --tier scheduler --pin <target>`` in the project: (what it said, passed)."""
+    """``build.py test --tier scheduler --pin <target>`` in the project: (what it said, passed).
+
+    The release's code is unreviewed, so the run is caged (:func:`caged_env`): it builds the
+    wheel (the release's ``setup.py``) and runs vLLM's code in a tool env, build cache and test
+    venv of its own, removed afterwards. A failure of the tier's tests (exit 1) is work by hand;
+    any other exit (the tool could not build or start: an index out of reach, a broken lock)
+    is the watcher's own error, raised."""
     build_py = project.root / "build.py"
     if not build_py.is_file():
-        return f"not run: {project.root} has no build.py", False
+        raise ForkError(
+            f"{project.root} has no build.py: the scheduler tier cannot run. Give --no-tier to leave it out."
+        )
     command = [sys.executable, str(build_py), "test", "--tier", "scheduler", "--pin", str(target)]
+    shown = f"python build.py test --tier scheduler --pin {target}"
     started = time.perf_counter()
-    with log.phase(f"the scheduler tier at vllm {target}"):
-        status = proc.stream(command, cwd=project.root)
+    with (
+        tempfile.TemporaryDirectory(prefix="watch-cage-") as cage,
+        log.phase(f"the scheduler tier at vllm {target} (caged in {cage})"),
+    ):
+        status = proc.stream(command, cwd=project.root, env=caged_env(Path(cage)))
     took = f"{time.perf_counter() - started:.0f} s"
     if status == 0:
-        return f"passed ({took}: python build.py test --tier scheduler --pin {target})", True
-    return f"failed, exit {status} ({took}: python build.py test --tier scheduler --pin {target})", False
+        return f"passed ({took}: {shown})", True
+    if status == 1:
+        return f"failed, exit 1 ({took}: {shown})", False
+    raise ForkError(
+        f"the scheduler tier at vllm {target} could not run ({shown} exited {status}, not 0 passed "
+        "or 1 failed): its error is above. Nothing was committed; fix that and run the watcher again."
+    )
+
+
+def caged_env(cage: Path, environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a run of unreviewed code: every cache the tool keeps (its tool env
+    under ``XDG_CACHE_HOME``, the build caches under ``VLLM_RBLN_FORK_CACHE``, the test venvs) in
+    ``cage``, so what that code writes there is removed with it and reused by nothing. uv's
+    package cache stays shared (a fresh env installs in seconds), but uv copies files out of it
+    (``UV_LINK_MODE=copy``): a hard link would let a write into the new env change the cache's
+    file, and every env linked from it. build.py's re-exec marker is dropped, so the run makes
+    and enters its own tool env. On the forge, the files a step writes its outputs and
+    environment to (``GITHUB_OUTPUT``, ``GITHUB_ENV``, ...) and the runner's ``ACTIONS_*``
+    are not handed on: the release's code cannot set the watch job's outcome."""
+    environ = dict(os.environ if environ is None else environ)
+    home_cache = Path(environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    environ.setdefault("UV_CACHE_DIR", str(home_cache / "uv"))
+    for name in [*environ]:
+        if name in ("VLLM_RBLN_FORK_BOOTSTRAPPED", "PYTHONPATH") or name.startswith(FORGE_HANDLES):
+            del environ[name]
+    return {
+        **environ,
+        "XDG_CACHE_HOME": str(cage / "xdg-cache"),
+        "VLLM_RBLN_FORK_CACHE": str(cage / "vllm-rbln-fork"),
+        "UV_LINK_MODE": "copy",
+    }
 
 
 def _left_by_hand(
     target: Pin,
     newest: Pin,
-    tree: Path | None,
+    branch: str | None,
+    stopped_at: str,
     carried: bool,
     passed: bool | None,
     flagged: bool,
-    next_commands: tuple[str, ...],
 ) -> tuple[str, ...]:
+    """The steps left, as a maintainer runs them in a clone of the project on their machine:
+    project-relative paths only (the run's conflict tree is a work tree of its machine's cache)."""
     if not carried:
         return (
-            *next_commands[:3],
-            f"then: python build.py test --pin {target} --tier scheduler; commit on the branch",
+            *((f"git fetch origin {branch} && git switch {branch}",) if branch else ()),
+            f"python build.py --pin {target} --review --write --from {newest}  (the carry again, on "
+            f"this machine: every recorded resolution is reused, and it stops at `{stopped_at}` in "
+            f"work/conflict-v{target})",
+            f"resolve the files there, 'git add' them, then: python build.py continue --dir "
+            f"work/conflict-v{target}  (again at each conflict)",
+            f"python build.py export --dir work/conflict-v{target}  (series/{target}, patches/{target}/, "
+            "the new rerere/ records)",
+            f"python build.py test --pin {target} --tier scheduler; commit on the branch",
         )
     left = []
     if flagged:
@@ -339,9 +572,11 @@ def _left_by_hand(
     return tuple(left)
 
 
-def _commit(project: Project, w: Watched) -> str:
-    present = [p for p in (*WRITES, f"tests/upstream/{w.release}") if (project.root / p).exists()]
-    _git(project, "add", "--all", "--", *present)
+def _commit(project: Project, w: Watched, copied: list[str]) -> str:
+    """One commit of what the move wrote: ``WRITES`` (clean before the move) and the conformance
+    lists it copied, nothing else (a file the maintainer left there is not theirs to commit)."""
+    present = [p for p in WRITES if (project.root / p).exists()]
+    _git(project, "add", "--all", "--", *present, *copied)
     subject = (
         f"Move to vLLM {w.release} (watcher): series carried from {w.newest_supported}, pin moving"
         if w.outcome is Outcome.READY and not w.conflict_tree
@@ -364,7 +599,7 @@ def summary(w: Watched) -> str:
     lines = [
         head + (f" on branch `{w.branch}`." if w.branch else "."),
         "",
-        f"* review: {statuses} (report: `{_rel(w.report)}`, and the CI artifact)",
+        f"* review: {statuses} (report: `{_rel(w.report, w.root)}`, and the CI artifact)",
         f"* conflicts resolved from `rerere/`: {len(w.reused)}"
         + (f" ({', '.join(f'`{f}`' for f in w.reused)})" if w.reused else ""),
     ]
@@ -372,30 +607,40 @@ def summary(w: Watched) -> str:
         lines.append(
             f"* **stopped** at `{w.stopped_at}`: "
             + (", ".join(f"`{f}`" for f in w.unresolved) or "a resolution that left the commit empty")
-            + f" (conflict tree `{_rel(w.conflict_tree)}`)"
+            + f" (conflict tree `{_rel(w.conflict_tree, w.root)}` on the machine that ran the watcher; "
+            "the steps below make it again on yours)"
         )
     else:
         lines.append(f"* carried: {w.patches} patches; `pins.toml` marks {w.release} `moving`")
     for flag in w.flagged:
         lines.append(f"* ⚠️ flagged: {flag}")
+    if w.also_new:
+        lines.append(
+            f"* also new on the index: {', '.join(map(str, w.also_new))} (not moved to: the watcher moves "
+            f"to the newest release; 'python build.py watch --release <version>' moves to another)"
+        )
     lines.append(f"* scheduler tier at {w.release}: {w.tier}")
     if w.written:
         shown = ", ".join(f"`{p}`" for p in w.written[:8])
         more = f" and {len(w.written) - 8} more" if len(w.written) > 8 else ""
         lines.append(f"* wrote {shown}{more}")
     if w.record is not None:
-        lines.append(f"* draft record: `{_rel(w.record)}`")
+        lines.append(f"* draft record: `{_rel(w.record, w.root)}`")
     lines += ["", "Left by hand:", ""] + [f"1. {step}" for step in w.left]
     return "\n".join(lines) + "\n"
 
 
-def _rel(path: Path | None) -> str:
+def _rel(path: Path | None, root: Path | None) -> str:
+    """``path`` relative to the project (what names it on every machine), else as it is."""
     if path is None:
         return ""
-    try:
-        return str(path.relative_to(Path.cwd()))
-    except ValueError:
-        return str(path)
+    for base in (root, Path.cwd()):
+        if base is not None:
+            try:
+                return str(path.resolve().relative_to(base.resolve()))
+            except ValueError:
+                continue
+    return str(path)
 
 
 def draft_record(w: Watched) -> str:

@@ -25,14 +25,16 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 import yaml
-from workflow_steps import fresh_clone, run_job
+from workflow_steps import JobRun, fresh_clone, run_job
 
 from vllm_rbln_fork.paths import PROJECT_ROOT
 from vllm_rbln_fork.project import Project
@@ -129,11 +131,12 @@ def test_watch_with_nothing_new_exits_0_and_opens_nothing(
     for step in (s for s in job.steps if s.ran):
         assert step.status == 0, f"{step.name} failed:\n{step.output[-4000:]}"
     assert job.outputs["watch"] == {"outcome": "0", "branch": "main"}
+    assert job.job_outputs == {"outcome": "0", "branch": "main"}
     summary = (clone / "reports" / "watch.md").read_text()
     assert "nothing new" in summary and summary in job.summary
-    skipped = {s.name: s.why_not for s in job.steps if not s.ran}
-    assert skipped["Open a pull request (a move ready for review)"].startswith("if: ")
-    assert skipped["Open an issue (work left by hand)"].startswith("if: ")
+    assert not (clone / "reports" / "move.bundle").exists()
+    propose = run_job(WORKFLOWS / "watch.yml", "propose", clone, _needs(job), machine, tmp_path / "p")
+    assert not propose.ran  # its if: on the watch job's outcome
     git_status = subprocess.run(
         ["git", "status", "--porcelain", "--untracked-files=no"], cwd=clone, capture_output=True, text=True
     ).stdout
@@ -312,9 +315,10 @@ def test_watch_that_fails_fails_the_job_and_opens_nothing(tmp_path: Path, machin
 
     watched = job.step("Watch")
     assert watched.ran and watched.status != 0, watched.output[-4000:]
-    assert "127.0.0.1:9" in watched.output
-    for name in ("Open a pull request (a move ready for review)", "Open an issue (work left by hand)"):
-        assert not job.step(name).ran, job.step(name).output[-2000:]
+    assert "127.0.0.1:9" in watched.output and "exit 3" in watched.output
+    assert job.job_outputs == {"outcome": "", "branch": ""}
+    propose = run_job(WORKFLOWS / "watch.yml", "propose", clone, _needs(job), machine, tmp_path / "p")
+    assert not propose.ran
 
 
 @pytest.mark.parametrize(
@@ -375,3 +379,146 @@ def test_release_plans_wheels_only_for_a_tag_of_a_commit_on_main(
         assert planned is None
         why = "a tag" if ref_type == "branch" else "which main does not have"
         assert any(why in s.output for s in job.steps if s.ran)
+
+
+def _needs(watch_job: JobRun) -> dict[str, Any]:
+    """The propose job's contexts: the watch job's outputs, as ``needs.watch``."""
+    return {"needs": {"watch": {"outputs": watch_job.job_outputs}}}
+
+
+def _served_sdists(root: Path, pins: list[str]) -> Path:
+    """A PEP 503 page for vllm with the sdists of ``pins`` (from this machine's downloads, else
+    fetched from pip's index), each checked against pins.lock."""
+    from vllm_rbln_fork.files import sha256_of
+    from vllm_rbln_fork.index_client import configured_index_url, download, find_sdist
+    from vllm_rbln_fork.paths import downloads_dir
+    from vllm_rbln_fork.pins import Pin, PinsLock
+
+    lock = PinsLock(Project.default().pins_lock)
+    folder = root / "simple" / "vllm"
+    folder.mkdir(parents=True)
+    links = []
+    for pin in pins:
+        locked = lock.get(Pin.parse(pin))
+        assert locked is not None, pin
+        have = downloads_dir() / locked.filename
+        if not have.is_file() or sha256_of(have) != locked.sha256:
+            have = download(find_sdist(Pin.parse(pin), configured_index_url()), have)
+        shutil.copy(have, folder / locked.filename)
+        assert sha256_of(folder / locked.filename) == locked.sha256
+        links.append(f'<a href="{locked.filename}#sha256={locked.sha256}">{locked.filename}</a>')
+    (folder / "index.html").write_text(
+        "<!DOCTYPE html><html><body>\n" + "\n".join(links) + "\n</body></html>\n"
+    )
+    return root
+
+
+def _git(cwd: Path, *args: str | Path) -> str:
+    return subprocess.run(
+        ["git", *map(str, args)], cwd=cwd, check=True, capture_output=True, text=True
+    ).stdout
+
+
+GH_REFUSES = """#!/bin/sh
+# gh as GitHub answers a workflow token by default: Actions may not open pull requests.
+echo "pull request create failed: GraphQL: GitHub Actions is not permitted to create or approve" \\
+  "pull requests (createPullRequest)" >&2
+exit 1
+"""
+
+
+def test_watch_whose_pull_request_step_fails_proposes_the_move_again(
+    tmp_path: Path, machine: dict[str, str], kit: ModuleType
+) -> None:
+    """The watch job, then the propose job with a PR step that fails (gh refused, as GitHub
+    refuses the workflow's own token by default): the branch pushed for it is deleted again, so
+    the next day's run proposes the move again instead of calling it under way.
+
+    A clone without 0.33.0 (its entry, series/0.33.0 and patches/0.33.0/ removed), an index the
+    test serves with 0.31.0 to 0.33.0: the watcher carries 0.32.0's series onto 0.33.0 (every
+    conflict from rerere/); dispatched with skip-tier (the moving pin's tiers run in the pull
+    request's CI). Between the jobs, the watch artifact (reports/: the summary and the move's
+    bundle) is put where download-artifact puts it, in a fresh clone of the remote."""
+    machine["VLLM_RBLN_FORK_CACHE"] = os.environ.get("VLLM_RBLN_FORK_CACHE", machine["VLLM_RBLN_FORK_CACHE"])
+    clone = fresh_clone(PROJECT_ROOT, tmp_path)
+    pins = clone / "pins.toml"
+    text = pins.read_text()
+    pins.write_text(text[: text.index('[pin."0.33.0"]')].rstrip("\n") + "\n")
+    _git(clone, "rm", "-rq", "series/0.33.0", "patches/0.33.0")
+    _git(
+        clone, "-c", "user.name=ci", "-c", "user.email=ci@example.invalid", "commit", "-qam", "without 0.33.0"
+    )
+    remote = tmp_path / "remote.git"
+    _git(tmp_path, "clone", "-q", "--bare", clone, remote)
+    _git(clone, "remote", "set-url", "origin", remote)
+    gh = tmp_path / "gh-bin" / "gh"
+    gh.parent.mkdir()
+    gh.write_text(GH_REFUSES)
+    gh.chmod(0o755)
+    machine["PATH"] = f"{gh.parent}{os.pathsep}{machine['PATH']}"
+    index = _served_sdists(tmp_path / "index", ["0.31.0", "0.32.0", "0.33.0"])
+    with kit.static_server(index, tmp_path / "index.log") as server:
+        contexts = {"vars": {"PIP_INDEX_URL": f"{server.url}/simple/"}, "inputs": {"skip-tier": True}}
+        first = run_job(WORKFLOWS / "watch.yml", "watch", clone, contexts, machine, tmp_path / "w1")
+        for step in (s for s in first.steps if s.ran):
+            assert step.status == 0, f"{step.name} failed:\n{step.output[-4000:]}"
+        assert first.job_outputs == {"outcome": "1", "branch": "watch/vllm-0.33.0"}
+        assert "scheduler tier at 0.33.0: not run (--no-tier)" in first.summary
+
+        workspace = tmp_path / "propose"
+        _git(tmp_path, "clone", "-q", remote, workspace)
+        shutil.copytree(clone / "reports", workspace / "reports")  # the watch artifact, downloaded
+        propose = run_job(
+            WORKFLOWS / "watch.yml", "propose", workspace, _needs(first), machine, tmp_path / "p1"
+        )
+        checked = propose.step("Check the move (one commit on the commit watched, only the watcher's files)")
+        assert checked.ran and checked.status == 0, checked.output[-2000:]
+        pr = propose.step("Open a pull request (a move ready for review)")
+        assert pr.ran and pr.status != 0 and "not permitted to create" in pr.output, pr.output[-2000:]
+        assert "branch watch/vllm-0.33.0 deleted again" in pr.output
+        assert not propose.step("Open an issue (work left by hand)").ran
+        assert _git(remote, "for-each-ref", "refs/heads/watch/") == ""
+
+        day_two = tmp_path / "day-two"
+        _git(tmp_path, "clone", "-q", remote, day_two)
+        second = run_job(WORKFLOWS / "watch.yml", "watch", day_two, contexts, machine, tmp_path / "w2")
+        assert second.job_outputs == {"outcome": "1", "branch": "watch/vllm-0.33.0"}, second.summary
+
+
+def test_the_propose_job_refuses_a_bundle_that_touches_other_files(
+    tmp_path: Path, machine: dict[str, str]
+) -> None:
+    """The watch job ran unreviewed code, which could have made the move's commit change a
+    workflow: the propose job pushes nothing but one commit on the watched branch's history
+    that changes only the files the watcher writes."""
+    clone = fresh_clone(PROJECT_ROOT, tmp_path)
+    remote = tmp_path / "remote.git"
+    _git(tmp_path, "clone", "-q", "--bare", clone, remote)
+    _git(clone, "remote", "set-url", "origin", remote)
+    who = ["-c", "user.name=ci", "-c", "user.email=ci@example.invalid"]
+    _git(clone, "switch", "-qc", "watch/vllm-9.9")
+    (clone / ".github" / "workflows" / "ci.yml").write_text("on: push\n")
+    (clone / "pins.toml").write_text((clone / "pins.toml").read_text() + '\n[pin."9.9"]\nstatus = "moving"\n')
+    _git(clone, *who, "commit", "-qam", "a move that also changes CI")
+    (clone / "reports").mkdir()
+    (clone / "reports" / "watch.md").write_text("a summary\n")
+    _git(clone, "bundle", "create", "reports/move.bundle", "refs/heads/watch/vllm-9.9", "^main")
+    workspace = tmp_path / "propose"
+    _git(tmp_path, "clone", "-q", remote, workspace)
+    shutil.copytree(clone / "reports", workspace / "reports")
+    for outcome, branch, says in [
+        ("1", "watch/vllm-9.9", "changes files the watcher never writes: .github/workflows/ci.yml"),
+        ("1", "main", "is not a watch/vllm-<release> branch"),
+        ("0", "watch/vllm-9.9", None),  # the job does not run at all
+    ]:
+        needs = {"needs": {"watch": {"outputs": {"outcome": outcome, "branch": branch}}}}
+        run = run_job(
+            WORKFLOWS / "watch.yml", "propose", workspace, needs, machine, tmp_path / f"p-{branch[-3:]}"
+        )
+        if says is None:
+            assert not run.ran
+            continue
+        check = next(s for s in run.steps if s.ran)
+        assert check.status != 0 and says in check.output, check.output[-2000:]
+        assert not any(s.ran for s in run.steps[run.steps.index(check) + 1 :])
+    assert _git(remote, "for-each-ref", "refs/heads/watch/") == ""

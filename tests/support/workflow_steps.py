@@ -2,13 +2,16 @@
 runner runs them (``bash --noprofile --norc -eo pipefail``), with ``env:`` and ``if:`` evaluated,
 ``$GITHUB_OUTPUT`` / ``$GITHUB_ENV`` / ``$GITHUB_STEP_SUMMARY`` as files, ``$RUNNER_TEMP`` a folder
 of the job's (empty at its start, as the runner empties it), and the outputs a step writes given
-to the later steps. ``uses:`` steps are the forge's own actions (checkout,
+to the later steps; a job's own ``if:`` and ``outputs:`` (a later job gets them as
+``needs.<job>.outputs``, passed in its contexts). ``uses:`` steps are the forge's own actions (checkout,
 setup-python, cache, upload-artifact): they are listed as not run, never imitated.
 
 Expressions: the subset the project's workflows use in ``env:`` and ``if:``: contexts
-(``matrix.pin``, ``steps.watch.outputs.outcome``, ``vars.X``, ``secrets.X``, ...), string and
+(``matrix.pin``, ``steps.watch.outputs.outcome``, ``needs.watch.outputs.branch``, ``vars.X``,
+``secrets.X``, ``inputs.X``, ...), string and
 number literals, ``==``, ``!=``, ``&&``, ``||``, ``!``, parentheses, and ``success()``,
-``failure()``, ``always()``, ``cancelled()``. Anything else is an error, not a guess.
+``failure()``, ``always()``, ``cancelled()``; a step's ``if:`` with none of these four is
+``success() && (...)``, as the runner reads it. Anything else is an error, not a guess.
 """
 
 from __future__ import annotations
@@ -152,6 +155,8 @@ class JobRun:
     steps: list[StepResult] = field(default_factory=list)
     outputs: dict[str, dict[str, str]] = field(default_factory=dict)  # step id -> its outputs
     summary: str = ""
+    ran: bool = True  # False: the job's if: was false
+    job_outputs: dict[str, str] = field(default_factory=dict)  # the job's outputs: (for needs.<job>)
 
     def step(self, name: str) -> StepResult:
         (found,) = [s for s in self.steps if s.name == name]
@@ -186,9 +191,24 @@ def run_job(
     spec = data["jobs"][job]
     shell = data.get("defaults", {}).get("run", {}).get("shell", "bash")
     assert shell == "bash", f"{workflow.name}: only bash steps are run here"
-    contexts = {"vars": {}, "secrets": {}, "matrix": {}, "github": {}, "runner": {}, **contexts, "steps": {}}
+    contexts = {
+        "vars": {},
+        "secrets": {},
+        "matrix": {},
+        "github": {},
+        "runner": {},
+        "inputs": {},
+        "needs": {},
+        **contexts,
+        "steps": {},
+    }
     env = dict(env)
     run = JobRun()
+    if "if" in spec:
+        condition = str(spec["if"])
+        if not _truthy(evaluate(condition if "${{" in condition else "${{ " + condition + " }}", contexts)):
+            run.ran = False
+            return run
     failed = False
     scratch.mkdir(parents=True, exist_ok=True)
     runner_temp = scratch / "runner-temp"
@@ -199,8 +219,11 @@ def run_job(
         if "uses" in step:
             run.steps.append(StepResult(name, False, f"the forge's action {step['uses']}"))
             continue
-        condition = step.get("if", "success()")
-        condition = condition if "${{" in str(condition) else "${{ " + str(condition) + " }}"
+        condition = str(step.get("if", "success()")).strip()
+        condition = condition.removeprefix("${{").removesuffix("}}")
+        if not re.search(r"\b(success|failure|always|cancelled)\(\)", condition):
+            condition = f"success() && ({condition})"  # as the runner reads an if: without one
+        condition = "${{ " + condition + " }}"
         if not _truthy(evaluate(condition, {**contexts, "env": env}, failed)):
             run.steps.append(StepResult(name, False, f"if: {step.get('if')} is false"))
             continue
@@ -239,6 +262,7 @@ def run_job(
         env.update(_read_pairs(files["GITHUB_ENV"]))
         failed = failed or done.returncode != 0
         run.summary = summary.read_text() if summary.exists() else ""
+    run.job_outputs = {k: _text(evaluate(str(v), contexts)) for k, v in spec.get("outputs", {}).items()}
     return run
 
 

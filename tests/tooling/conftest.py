@@ -145,7 +145,11 @@ REVIEW_FILES: dict[str, dict[str, str]] = {
 }
 
 
-def make_sdist(version: str, dest: Path, extra: dict[str, str] | None = None) -> Path:
+def make_sdist(
+    version: str, dest: Path, extra: dict[str, str] | None = None, files_of: str | None = None
+) -> Path:
+    """The sdist of ``version``, with the files of ``files_of`` (default: of ``version``): a
+    post-release or a mirror's local build (``1.1.post1``, ``1.1+cpu``) of a synthetic release."""
     files = {
         "setup.py": SETUP_PY,
         "pyproject.toml": PYPROJECT,
@@ -153,7 +157,7 @@ def make_sdist(version: str, dest: Path, extra: dict[str, str] | None = None) ->
         "vllm/__init__.py": f'__version__ = "{version}"\n',
         "vllm/core/__init__.py": "",
         ".gitignore": "vllm/core/\n",  # the importer must not honour ignore rules
-        **{**FILES, **REVIEW_FILES}[version],
+        **{**FILES, **REVIEW_FILES}[files_of or version],
         **(extra or {}),
     }
     path = dest / f"vllm-{version}.tar.gz"
@@ -161,7 +165,8 @@ def make_sdist(version: str, dest: Path, extra: dict[str, str] | None = None) ->
         for name, text in sorted(files.items()):
             data = text.encode()
             info = tarfile.TarInfo(f"vllm-{version}/{name}")
-            info.size, info.mtime, info.mode = len(data), 1_700_000_000 + int(float(version) * 10), 0o644
+            mtime = 1_700_000_000 + int(float(files_of or version) * 10)
+            info.size, info.mtime, info.mode = len(data), mtime, 0o644
             tar.addfile(info, io.BytesIO(data))
     return path
 
@@ -385,6 +390,12 @@ def review_fork(tmp_path: Path, index_server: SyntheticIndex, template: Callable
     was written by ``author_series``, with the build cache that left."""
     _copy_template(template("review"), tmp_path)
     return Fork(Project(tmp_path / "project"), index_server)
+
+
+@pytest.fixture
+def sdist_of() -> Callable[..., Path]:
+    """:func:`make_sdist`, for a test that makes a post-release or a local build of a release."""
+    return make_sdist
 
 
 @pytest.fixture

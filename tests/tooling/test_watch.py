@@ -7,7 +7,11 @@ conflict tree; a conflict recorded in rerere/ is carried by itself (docs/patch-w
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
 import subprocess
+import sys
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -16,10 +20,13 @@ from typing import Any
 import pytest
 from moves import RESOLVED, per_pin_layout, resolve_by_hand
 
+from vllm_rbln_fork.errors import ForkError
 from vllm_rbln_fork.pins import Pin
 from vllm_rbln_fork.pipeline import build
+from vllm_rbln_fork.project import Project
+from vllm_rbln_fork.review import review
 from vllm_rbln_fork.supported import listed_pins, supported_pins
-from vllm_rbln_fork.watch import Outcome, summary, watch
+from vllm_rbln_fork.watch import Outcome, newer_release, summary, watch
 from vllm_rbln_fork.workflow import continue_carry, export
 
 IDENTITY = {
@@ -35,7 +42,12 @@ def _git(root: Path, *args: str) -> str:
 
 
 @pytest.fixture
-def repo_fork(fork: Any, monkeypatch: pytest.MonkeyPatch, publish_release: Callable[[str], None]) -> Any:
+def repo_fork(
+    fork: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    publish_release: Callable[[str], None],
+    sdist_of: Callable[..., Path],
+) -> Any:
     """The fork as a per-pin project (pins.toml supports 1.0) committed in a git repository, and
     an index that has only 1.0."""
     for name, value in IDENTITY.items():
@@ -47,6 +59,7 @@ def repo_fork(fork: Any, monkeypatch: pytest.MonkeyPatch, publish_release: Calla
     _git(root, "add", "-A")
     _git(root, "commit", "-q", "-m", "the fork at 1.0")
     fork.publish = publish_release
+    fork.sdist_of = sdist_of
     _only_on_index(fork, "1.0")
     return fork
 
@@ -133,7 +146,13 @@ def test_a_conflicting_release_stops_with_the_report_and_the_conflict_tree(repo_
     assert "not run: the carry stopped" in stopped.tier
     text = summary(stopped)
     assert "needs a hand" in text and "**stopped** at `Count one more slot at admission`" in text
-    assert f"python build.py continue --dir {tree}" in text
+    # The steps name no path of this machine (the conflict tree is a work tree of its cache's
+    # repository): they are the ones a maintainer runs in a clone of their own (below).
+    record = (root / "docs" / "rebases" / "v1.3.md").read_text()
+    assert str(root) not in text and str(root) not in record and str(tree) not in record
+    assert "python build.py --pin 1.3 --review --write --from 1.0" in text
+    assert "python build.py continue --dir work/conflict-v1.3" in text
+    assert "git fetch origin watch/vllm-1.3 && git switch watch/vllm-1.3" in text
     # The branch holds the mark and the draft, so the maintainer goes on from it.
     assert _git(root, "branch", "--show-current").strip() == "watch/vllm-1.3"
     assert {s.status for s in listed_pins(fork.project) if str(s.pin) == "1.3"} == {"moving"}
@@ -189,3 +208,296 @@ def test_a_move_that_fails_leaves_the_repository_as_it_was(repo_fork: Any) -> No
     assert _git(root, "rev-parse", "HEAD") == head
     assert _git(root, "status", "--porcelain") == ""
     assert _git(root, "branch", "--list", "watch/*") == ""
+
+
+def _serve(fork: Any, *sdists: tuple[str, str | None], yanked: dict[str, str] | None = None) -> None:
+    """Exactly these sdists on the index, each (version, the release whose files it has); the
+    page marks the files of ``yanked`` (file name -> reason) yanked (PEP 592's data-yanked)."""
+    folder = fork.index.root / "simple" / "vllm"
+    wanted = {f"vllm-{version}.tar.gz" for version, _ in sdists}
+    for old in folder.glob("*.tar.gz"):
+        if old.name not in wanted:
+            old.unlink()
+    for version, files_of in sdists:  # the ones there kept: pins.lock has their hashes
+        if not (folder / f"vllm-{version}.tar.gz").exists():
+            fork.index.publish(fork.sdist_of(version, fork.index.root, files_of=files_of))
+    fork.index.publish(folder / f"vllm-{sdists[0][0]}.tar.gz")
+    page = folder / "index.html"
+    text = page.read_text()
+    for name, reason in (yanked or {}).items():
+        text = text.replace(f'<a href="{name}#', f'<a data-yanked="{reason}" href="{name}#')
+    page.write_text(text)
+
+
+def test_a_post_release_that_replaces_a_yanked_release_is_moved_to(repo_fork: Any) -> None:
+    """vLLM yanked 0.2.1 and replaced it by 0.2.1.post1: a post-release is a final release (PEP
+    440), and the yanked file is no candidate (PEP 592)."""
+    fork = repo_fork
+    _serve(fork, ("1.0", None), ("1.1", None), ("1.1.post1", "1.1"), yanked={"vllm-1.1.tar.gz": "broken"})
+    moved = watch(fork.project, fork.spec(), run_tier=False)
+    assert moved.outcome is Outcome.READY and moved.release == Pin.parse("1.1.post1"), summary(moved)
+    assert moved.also_new == ()  # the yanked 1.1 is not offered as another new release
+    assert (fork.project.root / "series" / "1.1.post1").is_file()
+
+
+def test_release_names_a_post_release_and_an_exact_yanked_one(repo_fork: Any) -> None:
+    fork = repo_fork
+    _serve(fork, ("1.0", None), ("1.1", None), ("1.1.post1", "1.1"), yanked={"vllm-1.1.tar.gz": "broken"})
+    for asked in ("1.1.post1", "1.1"):  # --release asks for one release exactly: yanked or not
+        found = newer_release(fork.project, fork.index.url, Pin.parse(asked))
+        assert found.target == Pin.parse(asked)
+    with pytest.raises(ForkError, match=r"--release 1\.2: the index .* has no sdist of vllm 1\.2"):
+        newer_release(fork.project, fork.index.url, Pin.parse("1.2"))
+
+
+def test_a_yanked_pin_still_builds_with_a_warning_and_is_no_candidate(repo_fork: Any, recorder: Any) -> None:
+    """A supported pin whose sdist is yanked later builds on a fresh machine (PEP 592: an exact
+    pin may use a yanked file), saying why it was yanked; only the watcher skips yanked files."""
+    fork = repo_fork
+    shutil.rmtree(os.environ["VLLM_RBLN_FORK_CACHE"])  # a fresh machine: nothing downloaded
+    _serve(
+        fork,
+        ("1.0", None),
+        ("1.1", None),
+        yanked={"vllm-1.0.tar.gz": "a bad tarball", "vllm-1.1.tar.gz": "x"},
+    )
+    built = build(Pin.parse("1.0"), fork.spec(), fork.project)
+    assert built.wheel.is_file()
+    warned = recorder.messages("warn")
+    assert any("vllm-1.0.tar.gz is yanked" in w and "a bad tarball" in w for w in warned), warned
+    _git(fork.project.root, "add", "-A")
+    _git(fork.project.root, "commit", "-q", "-m", "the release number of the build")
+    nothing = watch(fork.project, fork.spec(), run_tier=False)
+    assert nothing.outcome is Outcome.NOTHING_NEW and "not newer than 1.0" in nothing.note
+
+
+def test_a_local_version_on_a_mirror_is_ignored_and_hides_no_release(repo_fork: Any) -> None:
+    fork = repo_fork
+    _serve(fork, ("1.0", None), ("1.1", None), ("1.1+cpu", "1.1"), ("1.2+cpu", "1.2"))
+    moved = watch(fork.project, fork.spec(), run_tier=False)
+    assert moved.outcome is Outcome.READY and moved.release == Pin.parse("1.1"), summary(moved)
+    assert moved.also_new == ()
+
+
+def test_two_new_releases_move_to_the_newest_and_name_the_other(repo_fork: Any) -> None:
+    fork, root = repo_fork, repo_fork.project.root
+    _only_on_index(fork, "1.0", "1.1", "1.2")
+    moved = watch(fork.project, fork.spec(), run_tier=False)
+    assert moved.release == Pin.parse("1.2") and moved.also_new == (Pin.parse("1.1"),)
+    assert "also new on the index: 1.1 (not moved to" in summary(moved)
+    assert "also new on the index: 1.1" in (root / "docs" / "rebases" / "v1.2.md").read_text()
+
+
+def test_a_newer_release_waits_for_the_move_under_way(repo_fork: Any) -> None:
+    """1.1's move is under way (its branch) when 1.2 comes out: no second move from 1.0 that
+    would ignore 1.1's resolutions; 1.2 is named, waiting. --release overrides the wait."""
+    fork, root = repo_fork, repo_fork.project.root
+    _only_on_index(fork, "1.0", "1.1")
+    assert watch(fork.project, fork.spec(), run_tier=False).release == Pin.parse("1.1")
+    _only_on_index(fork, "1.0", "1.1", "1.2")
+    for where in ("watch/vllm-1.1", "main"):
+        _git(root, "switch", "-q", where)
+        waiting = watch(fork.project, fork.spec(), run_tier=False)
+        assert waiting.outcome is Outcome.NOTHING_NEW and waiting.release is None
+        assert "a move to 1.1 is under way" in waiting.note and "1.2 is newer and waiting" in waiting.note
+        assert waiting.also_new == (Pin.parse("1.2"),)
+        assert _git(root, "branch", "--list", "watch/vllm-1.2") == ""
+        assert _git(root, "branch", "--show-current").strip() == where  # left where it was
+    asked = watch(fork.project, fork.spec(), release=Pin.parse("1.2"), run_tier=False)
+    assert asked.release == Pin.parse("1.2")
+
+
+def test_the_move_branches_off_main_whatever_branch_it_runs_on(repo_fork: Any) -> None:
+    """Run off main (a feature branch), or twice in a row (on the first move's branch): each
+    move's branch starts from main, not stacked on the branch the work tree was on."""
+    fork, root = repo_fork, repo_fork.project.root
+    main = _git(root, "rev-parse", "main").strip()
+    _git(root, "switch", "-q", "-c", "feature")
+    (root / "NOTES").write_text("work in progress\n")
+    _git(root, "add", "NOTES")
+    _git(root, "commit", "-q", "-m", "a feature")
+    _only_on_index(fork, "1.0", "1.1", "1.2")
+    first = watch(fork.project, fork.spec(), release=Pin.parse("1.1"), run_tier=False)
+    assert first.branch == "watch/vllm-1.1"
+    assert _git(root, "rev-parse", "watch/vllm-1.1~1").strip() == main
+    assert not (root / "NOTES").exists()  # the feature's file is not in the move
+    second = watch(fork.project, fork.spec(), release=Pin.parse("1.2"), run_tier=False)
+    assert _git(root, "rev-parse", "watch/vllm-1.2~1").strip() == main
+    listed = {str(s.pin): s.status for s in listed_pins(fork.project)}
+    assert listed == {"1.0": "supported", "1.2": "moving"} and second.outcome is Outcome.READY
+
+
+def test_no_branch_after_an_error_leaves_nothing_moving(repo_fork: Any) -> None:
+    """--no-branch writes in place; an error puts every file back, so the next run starts the
+    move again instead of calling it under way."""
+    fork, root = repo_fork, repo_fork.project.root
+    (root / "tests" / "upstream" / "1.0").mkdir(parents=True)
+    (root / "tests" / "upstream" / "1.0" / "expected.toml").write_text("[x]\n")
+    _only_on_index(fork, "1.0", "1.1")
+    good = (fork.index.root / "simple" / "vllm" / "vllm-1.1.tar.gz").read_bytes()
+    (fork.index.root / "simple" / "vllm" / "vllm-1.1.tar.gz").write_bytes(b"not a tarball")
+    pins = (root / "pins.toml").read_text()
+    with pytest.raises(ForkError):
+        watch(fork.project, fork.spec(), branch=False, run_tier=False)
+    assert (root / "pins.toml").read_text() == pins
+    assert not (root / "tests" / "upstream" / "1.1").exists() and not (root / "series" / "1.1").exists()
+    assert _git(root, "status", "--porcelain") == "?? tests/\n"  # only the test's own list
+    (fork.index.root / "simple" / "vllm" / "vllm-1.1.tar.gz").write_bytes(good)
+    moved = watch(fork.project, fork.spec(), branch=False, run_tier=False)
+    assert moved.outcome is Outcome.READY and moved.release == Pin.parse("1.1")
+
+
+def test_a_late_error_removes_the_conflict_tree_and_the_next_run_starts_again(repo_fork: Any) -> None:
+    """The move stops at a conflict, then its commit fails (a pre-commit hook refuses): the
+    repository, the conflict tree and the review folder are as before the run, so the next run
+    starts the move again, as docs/patch-workflow.md says."""
+    fork, root = repo_fork, repo_fork.project.root
+    hook = root / ".git" / "hooks" / "pre-commit"
+    hook.write_text("#!/bin/sh\necho 'refused by a hook' >&2\nexit 1\n")
+    hook.chmod(0o755)
+    _only_on_index(fork, "1.0", "1.3")
+    with pytest.raises(ForkError, match="refused by a hook"):
+        watch(fork.project, fork.spec(), run_tier=False)
+    assert not (fork.project.work_dir / "conflict-v1.3").exists()
+    assert not (fork.project.work_dir / "review-v1.3").exists()
+    assert _git(root, "branch", "--show-current").strip() == "main"
+    assert _git(root, "branch", "--list", "watch/*") == "" and _git(root, "status", "--porcelain") == ""
+    hook.unlink()
+    again = watch(fork.project, fork.spec(), run_tier=False)
+    assert again.outcome is Outcome.BY_HAND and again.conflict_tree is not None
+
+
+def test_the_steps_at_a_conflict_work_in_a_maintainers_own_clone(
+    repo_fork: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The summary's steps, run in another clone with another cache (a maintainer's machine):
+    the carry makes the conflict tree there, and continue and export finish the move."""
+    fork, root = repo_fork, repo_fork.project.root
+    _only_on_index(fork, "1.0", "1.3")
+    stopped = watch(fork.project, fork.spec(), run_tier=False)
+    assert stopped.outcome is Outcome.BY_HAND
+    mine = tmp_path / "maintainer"
+    subprocess.run(["git", "clone", "-q", str(root), str(mine)], check=True)
+    _git(mine, "switch", "-q", "watch/vllm-1.3")  # "git fetch origin watch/vllm-1.3 && git switch ..."
+    monkeypatch.setenv("VLLM_RBLN_FORK_CACHE", str(tmp_path / "maintainer-cache"))
+    project = Project(mine)
+    result = review(Pin.parse("1.3"), fork.spec(), project, write=True, source=Pin.parse("1.0"))
+    tree = mine / "work" / "conflict-v1.3"
+    assert result.conflict_tree == tree and "<<<<<<<" in (tree / "vllm/core/gate.py").read_text()
+    resolve_by_hand(tree)
+    assert not continue_carry(tree).stopped
+    assert "series/1.3" in export(tree, project).changed
+
+
+def test_untracked_files_in_the_new_pins_lists_are_refused_not_committed(repo_fork: Any) -> None:
+    fork, root = repo_fork, repo_fork.project.root
+    (root / "tests" / "upstream" / "1.0").mkdir(parents=True)
+    (root / "tests" / "upstream" / "1.0" / "expected.toml").write_text("[x]\n")
+    _git(root, "add", "-A")
+    _git(root, "commit", "-q", "-m", "conformance lists")
+    stray = root / "tests" / "upstream" / "1.1" / "scratch.toml"
+    stray.parent.mkdir()
+    stray.write_text("mine\n")
+    _only_on_index(fork, "1.0", "1.1")
+    with pytest.raises(
+        ForkError, match=r"tests/upstream/1\.1 holds files git does not track .*scratch\.toml"
+    ):
+        watch(fork.project, fork.spec(), run_tier=False)
+    assert _git(root, "branch", "--list", "watch/*") == "" and stray.read_text() == "mine\n"
+    stray.unlink()
+    moved = watch(fork.project, fork.spec(), run_tier=False)
+    committed = _git(root, "show", "--name-only", "--format=", "HEAD").split()
+    assert "tests/upstream/1.1/expected.toml" in committed and moved.outcome is Outcome.READY
+
+
+HOSTILE_BUILD_PY = """\
+# The new release's code as the scheduler tier runs it (its setup.py, then vLLM in the tests):
+# it writes into every environment and cache it is given, then exits as STATUS says.
+import json, os, pathlib, sys
+seen = {k: os.environ.get(k, "") for k in ("XDG_CACHE_HOME", "VLLM_RBLN_FORK_CACHE", "UV_LINK_MODE",
+        "VLLM_RBLN_FORK_BOOTSTRAPPED", "GITHUB_OUTPUT")}
+xdg = pathlib.Path(seen["XDG_CACHE_HOME"] or pathlib.Path.home() / ".cache")
+cache = pathlib.Path(seen["VLLM_RBLN_FORK_CACHE"])
+for planted in (xdg / "vllm-rbln-fork" / "tool-envs" / "planted", cache / "wheels" / "planted"):
+    planted.parent.mkdir(parents=True, exist_ok=True)
+    planted.write_text("from the release")
+pathlib.Path(__file__).with_name("seen.txt").write_text(json.dumps(seen))
+sys.exit(int(pathlib.Path(__file__).with_name("STATUS").read_text()))
+"""
+
+
+@pytest.fixture
+def hostile_tier(repo_fork: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The fork with a build.py whose ``test`` plays the unreviewed release, and a user cache
+    (``XDG_CACHE_HOME``) of the test's own; its STATUS file is the tier's exit."""
+    root = repo_fork.project.root
+    (root / "build.py").write_text(HOSTILE_BUILD_PY)
+    (root / "STATUS").write_text("0")
+    (root / ".gitignore").write_text("/work/\n/seen.txt\n/STATUS\n")
+    _git(root, "add", "-A")
+    _git(root, "commit", "-q", "-m", "build.py")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "user-cache"))
+    monkeypatch.setenv("VLLM_RBLN_FORK_BOOTSTRAPPED", str(tmp_path / "user-cache" / "tool-env"))
+    monkeypatch.setenv("GITHUB_OUTPUT", str(tmp_path / "step-outputs"))  # as on the forge
+    _only_on_index(repo_fork, "1.0", "1.1")
+    return tmp_path / "user-cache"
+
+
+def test_the_new_release_runs_caged_and_nothing_it_wrote_is_kept(repo_fork: Any, hostile_tier: Path) -> None:
+    """The scheduler tier runs the unreviewed release's code: in a tool env, build cache and test
+    venv of its own (a fresh XDG_CACHE_HOME and VLLM_RBLN_FORK_CACHE, build.py's re-exec marker
+    dropped, uv copying out of its cache), removed afterwards: the user's cache and the build
+    cache are untouched."""
+    fork, root = repo_fork, repo_fork.project.root
+    moved = watch(fork.project, fork.spec())
+    assert moved.outcome is Outcome.READY and moved.tier_passed is True, moved.tier
+    seen = json.loads((root / "seen.txt").read_text())
+    assert seen["UV_LINK_MODE"] == "copy" and seen["VLLM_RBLN_FORK_BOOTSTRAPPED"] == ""
+    assert seen["GITHUB_OUTPUT"] == ""  # it cannot write the watch step's outcome
+    for name in ("XDG_CACHE_HOME", "VLLM_RBLN_FORK_CACHE"):
+        assert seen[name] and not Path(seen[name]).exists(), name  # the cage is gone
+    assert not list(hostile_tier.rglob("planted"))
+    assert not list(Path(os.environ["VLLM_RBLN_FORK_CACHE"]).rglob("planted"))
+
+
+def test_a_tier_that_cannot_start_is_the_watchers_error_not_work_by_hand(
+    repo_fork: Any, hostile_tier: Path
+) -> None:
+    """build.py test exits 2 (the tool's error: an index out of reach, a broken lock): nothing
+    is committed, no branch is left, the move is not "under way"; exit 1 (tests failed) is
+    work by hand."""
+    fork, root = repo_fork, repo_fork.project.root
+    (root / "STATUS").write_text("2")
+    with pytest.raises(ForkError, match=r"scheduler tier at vllm 1\.1 could not run .* exited 2"):
+        watch(fork.project, fork.spec())
+    assert (
+        _git(root, "branch", "--list", "watch/*") == ""
+        and _git(root, "branch", "--show-current").strip() == "main"
+    )
+    (root / "STATUS").write_text("1")
+    failed = watch(fork.project, fork.spec())
+    assert failed.outcome is Outcome.BY_HAND and failed.tier_passed is False
+
+
+def test_the_work_by_hand_commit_passes_the_projects_own_pre_commit_hook(
+    repo_fork: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the project's pre-commit hook installed (docs/building.md), the commit of a move that
+    stopped at a conflict (a moving pin with no series yet) passes the series lint."""
+    from vllm_rbln_fork.paths import PROJECT_ROOT
+
+    fork, root = repo_fork, repo_fork.project.root
+    for name in ("build.py", ".pre-commit-config.yaml"):
+        shutil.copy(PROJECT_ROOT / name, root / name)
+    for name in ("requirements", "vllm_rbln_fork"):
+        shutil.copytree(PROJECT_ROOT / name, root / name, ignore=shutil.ignore_patterns("__pycache__"))
+    _git(root, "add", "-A")
+    _git(root, "commit", "-q", "-m", "the project's tooling and hooks")
+    tool_bin = Path(sys.executable).parent
+    subprocess.run([tool_bin / "pre-commit", "install"], cwd=root, check=True, capture_output=True)
+    monkeypatch.setenv("PATH", f"{tool_bin}{os.pathsep}{os.environ['PATH']}")
+    _only_on_index(fork, "1.0", "1.3")
+    stopped = watch(fork.project, fork.spec(), run_tier=False)
+    assert stopped.outcome is Outcome.BY_HAND and stopped.commit is not None
+    assert stopped.commit == _git(root, "rev-parse", "watch/vllm-1.3").strip()
+    assert _git(root, "status", "--porcelain", "--untracked-files=no") == ""

@@ -44,6 +44,14 @@ from vllm_rbln_fork.urls import redact
         ),
         ("https://host/x?page=2#id_token=T0k", "https://host/x?page=2#id_token=***"),
         ("https://host/v.whl#sha256=aa", "https://host/v.whl#sha256=aa"),
+        # requests names a failed request by its path and query alone, with no scheme://.
+        (
+            "HTTPSConnectionPool(host='h', port=443): Max retries exceeded with url: "
+            "/b/v.whl?X-Amz-Credential=AK&X-Amz-Signature=f00d&x-id=GetObject (Caused by X)",
+            "HTTPSConnectionPool(host='h', port=443): Max retries exceeded with url: "
+            "/b/v.whl?X-Amz-Credential=***&X-Amz-Signature=***&x-id=GetObject (Caused by X)",
+        ),
+        ("a/b?token=t is not a path word", "a/b?token=t is not a path word"),
     ],
 )
 def test_the_whole_secret_is_hidden(text: str, shown: str) -> None:

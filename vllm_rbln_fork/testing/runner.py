@@ -332,6 +332,10 @@ def run_tests(argv: list[str]) -> int:
     )
     parser.add_argument("pytest_args", nargs="*", help="passed to every pytest run (after --)")
     args = parser.parse_args(argv)
+    if args.time_table:
+        from ..files import check_writable
+
+        check_writable(args.time_table, "--time-table")
     # pytest's JUnit reports, read for the counts and then of no use: removed however the run ends.
     with tempfile.TemporaryDirectory(prefix="test-reports-") as reports:
         return _run(args, Path(reports))
