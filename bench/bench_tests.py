@@ -15,6 +15,9 @@ alternating old and new ``--repeat`` times, and prints medians and new/old ratio
   copy of the patched tree (new), as ``runner.variant_trees`` makes it;
 * tooling tier (issue 12, goal 3a: under 45 s): ``build.py test --tier tooling`` in a scratch
   clone of each of the two commits below, alternating, wall and CPU time;
+* engine tier (issue 31: at most 240 s a pin): ``build.py test --tier engine --pin PIN`` in a
+  scratch clone of each of the two commits below, alternating, wall and CPU time (the runs
+  share the engine venv, which is keyed by the wheel: make it first with one run);
 * patch-edit loop (issue 12, goal 3c: under 2 minutes on a warm machine): in a scratch clone of
   this repository at each of two commits (``--old``, default ``main``; ``--new``, default
   ``HEAD``: uncommitted changes are not measured), the way a maintainer edits one RBLN patch:
@@ -213,21 +216,33 @@ def _clone(rev: str, dest: Path) -> str:
 
 
 def tooling_tier(repeat: int, old: str, new: str) -> None:
-    with tempfile.TemporaryDirectory(prefix="bench-tooling-", dir=cache_root()) as tmp:
+    tier_against_old("tooling", [], "target < 45 s", repeat, old, new)
+
+
+def engine_tier(pin: str, repeat: int, old: str, new: str) -> None:
+    """The engine tier at ``pin`` (issue 31: <= 240 s a pin). Both checkouts build the same wheel
+    and so share one engine venv (keyed by the wheel): made by the first run if missing, so run
+    ``build.py test --tier engine --pin PIN`` once before, or read the first pair as setup."""
+    tier_against_old("engine", ["--pin", pin], f"at {pin}, target <= 240 s", repeat, old, new)
+
+
+def tier_against_old(tier: str, extra: list[str], target: str, repeat: int, old: str, new: str) -> None:
+    """``build.py test --tier TIER`` in a scratch clone of each of two commits, alternating."""
+    with tempfile.TemporaryDirectory(prefix=f"bench-{tier}-", dir=cache_root()) as tmp:
         clones = {label: Path(tmp) / label for label in ("old", "new")}
         heads = {label: _clone(rev, clones[label]) for label, rev in (("old", old), ("new", new))}
         seen: dict[str, list[tuple[float, float]]] = {"old": [], "new": []}
         for _ in range(repeat):
             for label, clone in clones.items():
                 start, cpu = time.perf_counter(), _children_cpu()
-                done = _build_py(clone, "test", "--tier", "tooling")
+                done = _build_py(clone, "test", "--tier", tier, *extra)
                 wall, cpu = time.perf_counter() - start, _children_cpu() - cpu
                 found = re.search(r"^(\d+) passed, (\d+) failed", done.stdout, re.MULTILINE)
                 if not found:
                     # A run that crashed or failed to collect is no figure of speed (it would read
                     # as a great speed-up); one with failing tests is, and says which failed.
                     output = done.stdout[-5000:] + done.stderr[-5000:]
-                    sys.exit(f"bench: the tooling tier failed in {clone} ({heads[label]}):\n{output}")
+                    sys.exit(f"bench: the {tier} tier failed in {clone} ({heads[label]}):\n{output}")
                 seen[label].append((wall, cpu))
                 failed = "; ".join(line for line in done.stdout.splitlines() if line.startswith("FAILED "))
                 print(
@@ -241,7 +256,7 @@ def tooling_tier(repeat: int, old: str, new: str) -> None:
             for k in ("old", "new")
         )
         print(
-            f"tooling tier (target < 45 s): old {o_wall:.1f} s wall / {o_cpu:.1f} s CPU, new {n_wall:.1f} s "
+            f"{tier} tier ({target}): old {o_wall:.1f} s wall / {o_cpu:.1f} s CPU, new {n_wall:.1f} s "
             f"wall / {n_cpu:.1f} s CPU; new/old wall {n_wall / o_wall:.3f}, CPU {n_cpu / o_cpu:.3f} "
             f"(median of {repeat}, load average {os.getloadavg()[0]:.1f})",
             flush=True,
@@ -323,7 +338,7 @@ def main() -> None:
     parser.add_argument(
         "--only",
         default="variant,conformance,loop",
-        help="a comma list of tooling, variant, conformance, loop",
+        help="a comma list of tooling, engine, variant, conformance, loop",
     )
     parser.add_argument(
         "--old", default="main", help="the baseline commit of tooling and loop (default: main)"
@@ -335,6 +350,8 @@ def main() -> None:
     wanted = set(args.only.split(","))
     if "tooling" in wanted:
         tooling_tier(args.repeat, args.old, args.new)
+    if "engine" in wanted:
+        engine_tier(args.pin, args.repeat, args.old, args.new)
     if "variant" in wanted:
         variant_tree(args.pin, args.repeat)
     if "conformance" in wanted:

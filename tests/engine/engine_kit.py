@@ -168,8 +168,9 @@ def run(
     site: Path | None = None,
     **overrides: Any,
 ) -> Outcome:
-    """One ``vllm.LLM`` on the prompts, greedy, in a fresh process: its outputs, metrics and
-    the preemptions the scheduler made. ``site``: a variant_site() to run instead of the
+    """One ``vllm.LLM`` on the prompts, greedy, in a fresh process (forked from a
+    :class:`Zygote` that has imported vLLM): its outputs, metrics and the preemptions the
+    scheduler made. ``site``: a variant_site() to run instead of the
     installed vllm. ``one_by_one``: each prompt finishes before the next
     is sent (so later prompts can hit what earlier ones cached). ``batches``: the sizes of
     consecutive groups of prompts, each group sent at once when the previous one finished.
@@ -184,30 +185,129 @@ def run(
     assert sum(batches) == len(prompts), (batches, len(prompts))
     job = {"model": str(model), "prompts": prompts, "max_tokens": max_tokens, "overrides": overrides,
            "batches": batches}  # fmt: skip
-    path = [str(site)] if site else []
-    env = {
-        **os.environ,
-        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-        "PYTHONPATH": os.pathsep.join([*path, str(HERE), *filter(None, [os.environ.get("PYTHONPATH")])]),
-    }
-    proc = subprocess.run(
-        [sys.executable, str(HERE / "engine_kit.py")],
-        input=json.dumps(job),
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-        check=False,
-    )
-    marker = next((line for line in proc.stdout.splitlines() if line.startswith(RESULT)), None)
-    if proc.returncode != 0 or marker is None:
+    code, output, data = _zygote(site).run(job)
+    if code != 0 or data is None:
         raise AssertionError(
-            f"the engine run failed (exit {proc.returncode}) with {overrides}:\n"
-            + "\n".join((proc.stdout + proc.stderr).splitlines()[-60:])
+            f"the engine run failed (exit {code}) with {overrides}:\n" + "\n".join(output.splitlines()[-60:])
         )
-    data = json.loads(marker.removeprefix(RESULT))
     data["admissions"] = [Admission(**a) for a in data["admissions"]]
-    return Outcome(**data, log=proc.stdout + proc.stderr)
+    return Outcome(**data, log=output)
+
+
+class Zygote:
+    """A process that has imported vLLM (``python engine_kit.py --zygote``) and forks one child
+    per engine run: the child starts the ``vllm.LLM``, runs the job and exits. Importing vLLM
+    and torch is 8-10 s of CPU here, two thirds of an engine's start; a run now pays it once a
+    test process (and variant site), not once an engine. Each engine still starts in a process
+    of its own, in which no engine ran before (the reason runs never share a process: see
+    :func:`run`); the zygote imports vLLM and nothing else, never starts an engine or a torch
+    thread pool. ``site``: a variant_site() first on the zygote's PYTHONPATH."""
+
+    def __init__(self, site: Path | None) -> None:
+        import tempfile
+
+        path = [str(site)] if site else []
+        env = {
+            **os.environ,
+            "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+            "PYTHONPATH": os.pathsep.join([*path, str(HERE), *filter(None, [os.environ.get("PYTHONPATH")])]),
+        }
+        self.work = Path(tempfile.mkdtemp(prefix="engine-runs-"))
+        self.runs = 0
+        self.proc = subprocess.Popen(
+            [sys.executable, str(HERE / "engine_kit.py"), "--zygote"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=(self.work / "zygote.log").open("w"),
+            text=True,
+            env=env,
+            start_new_session=True,  # its children with it: a timed-out run is killed as a group
+        )
+
+    def run(self, job: dict[str, Any], timeout: float = 600) -> tuple[int, str, dict[str, Any] | None]:
+        """The engine run's exit code, its output (stdout and stderr) and its result."""
+        import select
+
+        self.runs += 1
+        log, result = self.work / f"run-{self.runs}.log", self.work / f"run-{self.runs}.json"
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps({**job, "log": str(log), "result": str(result)}) + "\n")
+        self.proc.stdin.flush()
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        line = self.proc.stdout.readline() if ready else ""
+        if not line.startswith(EXITED):
+            self.stop()
+            code = -1 if ready else -9
+            why = "" if ready else f"no result in {timeout} s; killed\n"
+            zygote = (self.work / "zygote.log").read_text(errors="replace")
+            output = log.read_text(errors="replace") if log.exists() else ""
+            return code, why + zygote + output, None
+        output = log.read_text(errors="replace")
+        data = json.loads(result.read_text()) if result.exists() else None
+        return int(line.removeprefix(EXITED)), output, data
+
+    def stop(self) -> None:
+        import shutil
+        import signal
+
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        _ZYGOTES.pop(next((k for k, v in _ZYGOTES.items() if v is self), None), None)
+        shutil.rmtree(self.work, ignore_errors=True)
+
+
+EXITED = "ENGINE-EXITED "
+_ZYGOTES: dict[Path | None, Zygote] = {}
+
+
+def _zygote(site: Path | None) -> Zygote:
+    if site not in _ZYGOTES or _ZYGOTES[site].proc.poll() is not None:
+        import atexit
+
+        if not _ZYGOTES:
+            atexit.register(lambda: [z.stop() for z in list(_ZYGOTES.values())])
+        _ZYGOTES[site] = Zygote(site)
+    return _ZYGOTES[site]
+
+
+def _serve_forks() -> None:
+    """The zygote's loop (``--zygote``): vLLM imported once, then a fork a job (one JSON line
+    on stdin), each child's output in the job's log; one ``ENGINE-EXITED <code>`` line back."""
+    import counting_scheduler  # noqa: F401  (vllm's scheduler modules, as every engine loads them)
+    import vllm  # noqa: F401
+    from vllm import LLM, SamplingParams  # noqa: F401
+    from vllm.inputs import TokensPrompt  # noqa: F401
+
+    for line in sys.stdin:
+        job = json.loads(line)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                fd = os.open(job["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+                os.dup2(fd, 1)
+                os.dup2(fd, 2)
+                devnull = os.open(os.devnull, os.O_RDONLY)
+                os.dup2(devnull, 0)
+                data = _run_here(job)
+                Path(job["result"]).write_text(json.dumps(data))
+                code = 0
+            except BaseException:
+                import traceback
+
+                traceback.print_exc()
+            finally:
+                import atexit
+
+                atexit._run_exitfuncs()
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        print(EXITED + str(os.waitstatus_to_exitcode(status)), flush=True)
 
 
 def _run_here(job: dict[str, Any]) -> dict[str, Any]:
@@ -278,7 +378,10 @@ def dump(outcome: Outcome) -> str:
 
 
 if __name__ == "__main__":
-    print(RESULT + json.dumps(_run_here(json.loads(sys.stdin.read()))), flush=True)
+    if sys.argv[1:] == ["--zygote"]:
+        _serve_forks()
+    else:  # one run, the job on stdin (as bench/bench_engine.py and a developer run it)
+        print(RESULT + json.dumps(_run_here(json.loads(sys.stdin.read()))), flush=True)
 
 
 def free_port() -> int:
