@@ -33,8 +33,8 @@ where the request's KV really ends (under async scheduling the scheduler counts 
 in-flight step's rejected drafts as computed until its output comes back; the runner
 starts the next step where the accepted tokens end, as vLLM's runners do).
 
-Single-group (one full-attention KV cache group) only; a scheduler with more groups runs
-without the oracle (`KVOracle.applies`).
+Single-group (one full-attention KV cache group) only; a scheduler with more groups, or a
+sliding-window group, runs without the oracle (`KVOracle.applies`).
 """
 
 from __future__ import annotations
@@ -113,8 +113,12 @@ class KVOracle:
 
     @staticmethod
     def applies(scheduler: Scheduler) -> bool:
-        """Whether the oracle can follow this scheduler's pool: one KV cache group."""
-        return len(scheduler.kv_cache_manager.coordinator.single_type_managers) == 1
+        """Whether the oracle can follow this scheduler's pool: one KV cache group, of full
+        attention (a sliding window's blocks leave the table as the window moves on)."""
+        from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager
+
+        managers = scheduler.kv_cache_manager.coordinator.single_type_managers
+        return len(managers) == 1 and type(managers[0]) is FullAttentionManager
 
     # -- the connector's loads ------------------------------------------------------
 
