@@ -53,17 +53,7 @@ assert vllm.platforms.current_platform is not None
 import sched_harness  # noqa: E402
 
 _SOURCE_TREE = os.environ.get(sched_harness.SOURCE_TREE_ENV)
-_SETUP_ERROR: str | None = None
-if not _SOURCE_TREE:
-    _SETUP_ERROR = (
-        f"{sched_harness.SOURCE_TREE_ENV} is not set: point it at a checkout of "
-        "the patched vLLM source tree (it provides vLLM's tests/v1/core/utils.py)"
-    )
-else:
-    try:
-        sched_harness.load_vllm_test_harness(_SOURCE_TREE)
-    except RuntimeError as error:
-        _SETUP_ERROR = str(error)
+_SETUP_ERROR = sched_harness.load_harness_from_env()
 
 
 def pytest_configure(config: pytest.Config) -> None:

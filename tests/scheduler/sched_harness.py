@@ -86,6 +86,24 @@ def load_vllm_test_harness(source_tree: str | Path) -> None:
     spec.loader.exec_module(module)
 
 
+def load_harness_from_env() -> str | None:
+    """`load_vllm_test_harness` of the tree `VLLM_RBLN_SOURCE_TREE` names; the sentence to
+    fail every test with when it cannot (a conftest reports it per test), else None."""
+    import os
+
+    tree = os.environ.get(SOURCE_TREE_ENV)
+    if not tree:
+        return (
+            f"{SOURCE_TREE_ENV} is not set: point it at a checkout of "
+            "the patched vLLM source tree (it provides vLLM's tests/v1/core/utils.py)"
+        )
+    try:
+        load_vllm_test_harness(tree)
+    except RuntimeError as error:
+        return str(error)
+    return None
+
+
 def make_request(
     request_id: str,
     prompt_token_ids: Sequence[int],

@@ -356,15 +356,11 @@ def test_a_landed_kv_load_is_a_new_request_with_one_token() -> None:
     assert runner.joined_decode_batch == 3
 
 
-@pytest.mark.parametrize("sub_block_size", [4, 8])
-def test_sub_block_copies_are_in_kv_cache_block_copies(sub_block_size: int) -> None:
-    """The copy for a hit that ends inside a block is in `kv_cache_block_copies` of
-    the step that admits the request, as (source, destination) block ids: the
-    destination is the request's block holding the hit's end, the source a block it
-    does not hold. Copy the whole block before the step's forward pass."""
+def _sub_block_scheduler(sub_block_size: int) -> Any:
+    """The RBLN scheduler with sub-blocks of ``sub_block_size`` (blocks of 16, chunks of 16)."""
     from tests.v1.core.utils import create_scheduler
 
-    scheduler = create_scheduler(
+    return create_scheduler(
         scheduler_cls=h.rbln_scheduler_factory(h.sub_block_settings(sub_block_size)),  # type: ignore[arg-type]
         block_size=BLOCK,
         num_blocks=40,
@@ -373,6 +369,15 @@ def test_sub_block_copies_are_in_kv_cache_block_copies(sub_block_size: int) -> N
         enable_prefix_caching=True,
         use_v2_model_runner=False,
     )
+
+
+@pytest.mark.parametrize("sub_block_size", [4, 8])
+def test_sub_block_copies_are_in_kv_cache_block_copies(sub_block_size: int) -> None:
+    """The copy for a hit that ends inside a block is in `kv_cache_block_copies` of
+    the step that admits the request, as (source, destination) block ids: the
+    destination is the request's block holding the hit's end, the source a block it
+    does not hold. Copy the whole block before the step's forward pass."""
+    scheduler = _sub_block_scheduler(sub_block_size)
     driver = drive(scheduler)
     # The later two extend the first's whole 26-token prompt: they hit its last sub-block
     # boundary, 24 tokens at sub-block 4 and 8, which ends inside block 1.
@@ -391,17 +396,7 @@ def test_a_decode_ready_sub_block_hit_brings_its_copy_into_a_decode_step() -> No
     A hit of all but the last token that ends on a sub-block boundary inside a block is a
     decode-ready admission: it joins the running decode's batch with its copy. Shown failing
     with the old statement's check (`len(scheduled) == 1` for every copy)."""
-    from tests.v1.core.utils import create_scheduler
-
-    scheduler = create_scheduler(
-        scheduler_cls=h.rbln_scheduler_factory(h.sub_block_settings(4)),  # type: ignore[arg-type]
-        block_size=BLOCK,
-        num_blocks=40,
-        max_num_batched_tokens=16,
-        max_model_len=256,
-        enable_prefix_caching=True,
-        use_v2_model_runner=False,
-    )
+    scheduler = _sub_block_scheduler(4)
     driver = drive(scheduler)
     first = h.distinct_prompt(3, 26)
     driver.add(h.make_request("cached", first, max_tokens=1, hash_block_size=4))
