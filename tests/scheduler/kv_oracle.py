@@ -150,9 +150,13 @@ class KVOracle:
         request = self.scheduler.requests[req_id]
         self._know(request)
         table = self._table(req_id)
+        written: set[int] = set()
         for pos in range(local, local + external):
             if pos // self.block_size < len(table):
                 self._slots[(table[pos // self.block_size], pos % self.block_size)] = self._chain[req_id][pos]
+                written.add(table[pos // self.block_size])
+        # An entry checked on these blocks before is checked again after the next batch.
+        self._checked_entries = {e for e in self._checked_entries if e[1] not in written}
 
     def loads_landed(self, req_ids: Iterable[str]) -> None:
         """Async loads reported done (`finished_recving`): their KV is in place."""
@@ -176,7 +180,8 @@ class KVOracle:
         for req_id, num_tokens in output.num_scheduled_tokens.items():
             request = scheduler.requests[req_id]
             if req_id in self._pending_loads:
-                self._load(req_id)  # a sync load (an async one landed already): before the forward
+                # A sync load (an async one landed already): before the forward.
+                self._load(req_id)
             start = request.num_computed_tokens - num_tokens  # the scheduler's view
             start = min(start, self._device_computed.get(req_id, start))
             tokens = self._tokens[req_id]

@@ -74,9 +74,18 @@ def _preempted_after_registering(rbln: bool, sub_block_size: int = 4) -> h.Drive
 def test_a_preempted_steps_sub_block_entries_give_no_later_request_wrong_kv(
     rbln: bool, sub_block_size: int
 ) -> None:
+    """Before the fix the RBLN case failed at the preemption step itself: "wrong entry: the
+    prefix-cache entry for 28 tokens of L points at block 2, whose slot 11 does not hold
+    position 27's KV" (the oracle checks every entry after each batch), and upstream hashing at
+    4 failed on X's and L's reads. With the fix X still hits what L computed where the pool
+    kept it (upstream's sub-block case: 16 tokens); under the RBLN policy H's blocks reuse L's,
+    so X hits nothing and the entry check is the case's test."""
     driver = _preempted_after_registering(rbln, sub_block_size)
     assert driver.preemptions.get("L") and {"L", "H", "X"} <= driver.finished
     assert driver.oracle is not None and not driver.oracle.violations
+    x_hit = next(s.num_computed_before["X"] for s in driver.steps if "X" in s.num_computed_before)
+    if not rbln and sub_block_size == 4:
+        assert x_hit > 0, "X made no hit: the scenario no longer reaches L's cached KV"
 
 
 # -- issue 33: a decode-ready join copying a block a decode of the same step still writes --
