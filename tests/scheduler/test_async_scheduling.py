@@ -214,7 +214,10 @@ def test_a_finished_request_keeps_the_placeholders_upstreams_async_scheduler_kee
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 
     left: dict[str, int] = {}
-    for name, cls in (("rbln", h.rbln_scheduler_factory(async_scheduling=True)), ("upstream", AsyncScheduler)):
+    for name, cls in (
+        ("rbln", h.rbln_scheduler_factory(async_scheduling=True)),
+        ("upstream", AsyncScheduler),
+    ):
         scheduler = create_scheduler(
             scheduler_cls=cls,
             block_size=h.BLOCK_SIZE,
@@ -227,7 +230,9 @@ def test_a_finished_request_keeps_the_placeholders_upstreams_async_scheduler_kee
             async_scheduling=True,
         )
         rng = random.Random(seed)
-        driver = h.Driver(scheduler, accept=lambda req_id, n: rng.randint(0, n), max_in_flight=IN_FLIGHT)
+        driver = h.Driver(
+            scheduler, accept=lambda req_id, n, rng=rng: rng.randint(0, n), max_in_flight=IN_FLIGHT
+        )
         request = h.make_request("r", h.distinct_prompt(seed, 20), max_tokens)
         driver.add(request)
         assert driver.run(100) < 100
