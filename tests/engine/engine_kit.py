@@ -11,6 +11,7 @@ import os
 import random
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -210,7 +211,6 @@ class Zygote:
     thread pool. ``site``: a variant_site() first on the zygote's PYTHONPATH."""
 
     def __init__(self, site: Path | None) -> None:
-        import tempfile
 
         path = [str(site)] if site else []
         env = {
@@ -330,16 +330,19 @@ def _run_here(job: dict[str, Any]) -> dict[str, Any]:
     from vllm.inputs import TokensPrompt
 
     overrides = dict(job["overrides"])
-    endpoint = f"tcp://127.0.0.1:{free_port()}" if job.get("kv_events") else None
-    if endpoint:
+    # IPC endpoints, which the publisher binds (it connects to a plain tcp:// host, for a
+    # subscriber that binds), on this machine only.
+    sockets = Path(tempfile.mkdtemp(prefix="kv-events-")) if job.get("kv_events") else None
+    endpoints = [f"ipc://{sockets}/events", f"ipc://{sockets}/replay"] if sockets else None
+    if endpoints:
         from vllm.config import KVEventsConfig
 
         overrides["kv_events_config"] = KVEventsConfig(
-            enable_kv_cache_events=True, publisher="zmq", endpoint=endpoint
+            enable_kv_cache_events=True, publisher="zmq", endpoint=endpoints[0], replay_endpoint=endpoints[1]
         )
     llm = LLM(model=job["model"], **engine_args(**overrides))
     params = SamplingParams(temperature=0, max_tokens=job["max_tokens"], ignore_eos=True)
-    events = KVEventRouter(llm, endpoint) if endpoint else None
+    events = KVEventRouter(llm, *endpoints) if endpoints else None
     outputs = []
     batches, rest = [], list(job["prompts"])
     for size in job["batches"]:
@@ -375,9 +378,11 @@ class KVEventRouter:
     """A cache-aware router on the engine's KV events: a ZMQ subscriber decoding the
     publisher's msgspec `KVEventBatch`es into a replay (kv_event_replay.py, the event
     contract of docs/runner-contract.md). The engine core runs in this process, so after
-    each batch of prompts the replay is compared with the scheduler's own pool."""
+    each batch of prompts the replay is compared with the scheduler's own pool. A batch
+    missed (published before the subscription took, ZMQ's slow joiner) is asked again from
+    the publisher's replay endpoint by its sequence number, as a router does."""
 
-    def __init__(self, llm: Any, endpoint: str) -> None:
+    def __init__(self, llm: Any, endpoint: str, replay_endpoint: str) -> None:
         import msgspec
         import zmq
         from kv_event_replay import EventReplay
@@ -395,7 +400,36 @@ class KVEventRouter:
         self.socket = zmq.Context.instance().socket(zmq.SUB)
         self.socket.setsockopt(zmq.SUBSCRIBE, b"")
         self.socket.connect(endpoint)
+        self.replay_socket = zmq.Context.instance().socket(zmq.DEALER)
+        self.replay_socket.connect(replay_endpoint)
+        self.next_seq = 0
         self.batches = 0
+        self.replayed = 0
+
+    def _take(self, seq: int, payload: bytes) -> None:
+        if seq < self.next_seq:
+            return  # had it already (from a replay)
+        if seq > self.next_seq:
+            self._ask_replay()
+            if seq < self.next_seq:
+                return
+        self.replay.apply(self.decoder.decode(payload).events)
+        self.batches += 1
+        self.next_seq = seq + 1
+
+    def _ask_replay(self) -> None:
+        """Every buffered batch from `next_seq` on, from the replay endpoint."""
+        self.replay_socket.send_multipart((b"", self.next_seq.to_bytes(8, "big")))
+        while True:
+            _, _topic, seq_bytes, payload = self.replay_socket.recv_multipart()
+            seq = int.from_bytes(seq_bytes, "big", signed=True)
+            if seq < 0:
+                return
+            if seq == self.next_seq:
+                self.replay.apply(self.decoder.decode(payload).events)
+                self.batches += 1
+                self.replayed += 1
+                self.next_seq = seq + 1
 
     def catch_up(self, timeout: float = 10.0) -> None:
         """Take the batches published so far, until the replay holds what the pool holds
@@ -405,15 +439,17 @@ class KVEventRouter:
         deadline = time.monotonic() + timeout
         while True:
             while self.socket.poll(50):
-                _topic, _seq, payload = self.socket.recv_multipart()
-                self.replay.apply(self.decoder.decode(payload).events)
-                self.batches += 1
+                _topic, seq, payload = self.socket.recv_multipart()
+                self._take(int.from_bytes(seq, "big"), payload)
             try:
                 self.replay.check_pool(self.pool)
                 return
-            except KVEventContractError:
+            except KVEventContractError as error:
                 if time.monotonic() > deadline:
-                    raise
+                    raise KVEventContractError(
+                        f"{error} ({self.counts()}, next batch {self.next_seq})"
+                    ) from None
+                self._ask_replay()  # batches missed with none after them to show the gap
 
     def hit_tokens(self, prompt: list[int]) -> int:
         """The router's hit for a prompt, capped as the scheduler caps its own (a token
@@ -428,7 +464,12 @@ class KVEventRouter:
         return min(self.replay.hit_tokens(hashes), (len(prompt) - 1) // size * size)
 
     def counts(self) -> dict[str, int]:
-        return {"batches": self.batches, "stored": self.replay.num_stored, "removed": self.replay.num_removed}
+        return {
+            "batches": self.batches,
+            "replayed": self.replayed,
+            "stored": self.replay.num_stored,
+            "removed": self.replay.num_removed,
+        }
 
 
 def first_difference(a: list[list[int]], b: list[list[int]]) -> str:
@@ -464,13 +505,6 @@ def assert_decode_ready(
 
 def dump(outcome: Outcome) -> str:
     return json.dumps({"metrics": outcome.metrics, "preemptions": len(outcome.preemptions)})
-
-
-if __name__ == "__main__":
-    if sys.argv[1:] == ["--zygote"]:
-        _serve_forks()
-    else:  # one run, the job on stdin (as bench/bench_engine.py and a developer run it)
-        print(RESULT + json.dumps(_run_here(json.loads(sys.stdin.read()))), flush=True)
 
 
 def free_port() -> int:
@@ -563,3 +597,10 @@ def metric_samples(text: str, name: str) -> dict[str, float]:
 def words(tokens: list[int]) -> str:
     """The word-level tokenizer's text for token ids (``w<id>``)."""
     return " ".join(f"w{t}" for t in tokens)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--zygote"]:
+        _serve_forks()
+    else:  # one run, the job on stdin (as bench/bench_engine.py and a developer run it)
+        print(RESULT + json.dumps(_run_here(json.loads(sys.stdin.read()))), flush=True)
