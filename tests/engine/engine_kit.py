@@ -172,6 +172,8 @@ def run(
     batches: list[int] | None = None,
     site: Path | None = None,
     kv_events: bool = False,
+    arrivals: list[int | str] | None = None,
+    priorities: list[int] | None = None,
     **overrides: Any,
 ) -> Outcome:
     """One ``vllm.LLM`` on the prompts, greedy, in a fresh process (forked from a
@@ -181,6 +183,10 @@ def run(
     is sent (so later prompts can hit what earlier ones cached). ``batches``: the sizes of
     consecutive groups of prompts, each group sent at once when the previous one finished.
     ``kv_events``: publish KV events over ZMQ and follow them with a :class:`KVEventRouter`.
+    ``arrivals``: step by step instead (``LLMEngine.add_request`` and ``step``), each prompt
+    added at the engine step it names, or at the first step after the scheduler preempted
+    (``AFTER_PREEMPTION``: a counting scheduler only); ``priorities``: each prompt's priority
+    (``scheduling_policy="priority"``).
 
     One engine per process: vLLM 0.31.0's CPU platform re-registers its Triton kernel
     overrides at every worker start by walking every loaded module, and after an ngram
@@ -191,7 +197,8 @@ def run(
         batches = [1] * len(prompts) if one_by_one else [len(prompts)]
     assert sum(batches) == len(prompts), (batches, len(prompts))
     job = {"model": str(model), "prompts": prompts, "max_tokens": max_tokens, "overrides": overrides,
-           "batches": batches, "kv_events": kv_events}  # fmt: skip
+           "batches": batches, "kv_events": kv_events, "arrivals": arrivals,
+           "priorities": priorities or [0] * len(prompts)}  # fmt: skip
     code, output, data = _zygote(site).run(job)
     if code != 0 or data is None:
         raise AssertionError(
@@ -350,12 +357,17 @@ def _run_here(job: dict[str, Any]) -> dict[str, Any]:
         rest = rest[size:]
     start = time.perf_counter()
     router_hits: list[int] = []
-    for batch in batches:
-        if events:
-            router_hits += [events.hit_tokens(p) for p in batch]
-        outputs += llm.generate([TokensPrompt(prompt_token_ids=p) for p in batch], params, use_tqdm=False)
+    if job["arrivals"] is not None:
+        outputs = _step_through_arrivals(llm, job, params)
         if events:
             events.catch_up()
+    else:
+        for batch in batches:
+            if events:
+                router_hits += [events.hit_tokens(p) for p in batch]
+            outputs += llm.generate([TokensPrompt(prompt_token_ids=p) for p in batch], params, use_tqdm=False)
+            if events:
+                events.catch_up()
     seconds = time.perf_counter() - start
     return {
         "tokens": [list(o.outputs[0].token_ids) for o in outputs],
@@ -372,6 +384,35 @@ def _run_here(job: dict[str, Any]) -> dict[str, Any]:
         "router_hits": router_hits,
         "kv_events": events.counts() if events else {},
     }
+
+
+AFTER_PREEMPTION = "after-preemption"
+MAX_STEPS = 2000
+
+
+def _step_through_arrivals(llm: Any, job: dict[str, Any], params: Any) -> list[Any]:
+    """The prompts added one by one at their arrival steps; the outputs in prompt order."""
+    import counting_scheduler
+    from vllm.inputs import TokensPrompt
+
+    engine = llm.llm_engine
+    waiting = list(range(len(job["prompts"])))
+    finished: dict[int, Any] = {}
+    for step in range(MAX_STEPS):
+        for i in list(waiting):
+            arrival = job["arrivals"][i]
+            if arrival == step or (arrival == AFTER_PREEMPTION and counting_scheduler.PREEMPTED):
+                prompt = TokensPrompt(prompt_token_ids=job["prompts"][i])
+                engine.add_request(str(i), prompt, params, priority=job["priorities"][i])
+                waiting.remove(i)
+        for output in engine.step():
+            if output.finished:
+                finished[int(output.request_id)] = output
+        if not waiting and len(finished) == len(job["prompts"]):
+            return [finished[i] for i in range(len(job["prompts"]))]
+    raise AssertionError(
+        f"not finished after {MAX_STEPS} engine steps: {sorted(finished)}, {waiting} not sent"
+    )
 
 
 class KVEventRouter:
