@@ -35,7 +35,7 @@ def make_scheduler(
     kv_connector: Any = None,
     num_spec_tokens: int | None = None,
 ) -> Any:
-    from tests.v1.core.utils import create_scheduler
+    from sched_harness import create_scheduler
 
     return create_scheduler(
         scheduler_cls=h.rbln_scheduler_factory(settings),  # type: ignore[arg-type]
@@ -441,7 +441,7 @@ def test_the_platform_hook_defaults_to_no() -> None:
 
 
 def make_scheduler_with(scheduler_cls: Any, chunk: int = CHUNK, **kwargs: Any) -> Any:
-    from tests.v1.core.utils import create_scheduler
+    from sched_harness import create_scheduler
 
     return create_scheduler(
         scheduler_cls=scheduler_cls,
