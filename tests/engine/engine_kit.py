@@ -11,6 +11,7 @@ import os
 import random
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -97,6 +98,10 @@ class Outcome:
     steps: int = 0  # counting schedulers only
     admissions: list[Admission] = field(default_factory=list)  # counting schedulers only
     num_cached_tokens: list[int] = field(default_factory=list)  # each RequestOutput's, in order
+    # With kv_events=True: a router's hit from the KV events for each prompt as it was sent,
+    # and how many event batches, stored and removed entries the router read.
+    router_hits: list[int] = field(default_factory=list)
+    kv_events: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0  # wall time of generate() (not the engine's start)
     vllm_file: str = ""  # which vllm ran (the installed wheel, or a variant site)
     async_scheduling: bool = False  # the engine's own setting after the platform's changes
@@ -166,6 +171,7 @@ def run(
     one_by_one: bool = False,
     batches: list[int] | None = None,
     site: Path | None = None,
+    kv_events: bool = False,
     **overrides: Any,
 ) -> Outcome:
     """One ``vllm.LLM`` on the prompts, greedy, in a fresh process (forked from a
@@ -174,6 +180,7 @@ def run(
     installed vllm. ``one_by_one``: each prompt finishes before the next
     is sent (so later prompts can hit what earlier ones cached). ``batches``: the sizes of
     consecutive groups of prompts, each group sent at once when the previous one finished.
+    ``kv_events``: publish KV events over ZMQ and follow them with a :class:`KVEventRouter`.
 
     One engine per process: vLLM 0.31.0's CPU platform re-registers its Triton kernel
     overrides at every worker start by walking every loaded module, and after an ngram
@@ -184,7 +191,7 @@ def run(
         batches = [1] * len(prompts) if one_by_one else [len(prompts)]
     assert sum(batches) == len(prompts), (batches, len(prompts))
     job = {"model": str(model), "prompts": prompts, "max_tokens": max_tokens, "overrides": overrides,
-           "batches": batches}  # fmt: skip
+           "batches": batches, "kv_events": kv_events}  # fmt: skip
     code, output, data = _zygote(site).run(job)
     if code != 0 or data is None:
         raise AssertionError(
@@ -204,13 +211,19 @@ class Zygote:
     thread pool. ``site``: a variant_site() first on the zygote's PYTHONPATH."""
 
     def __init__(self, site: Path | None) -> None:
-        import tempfile
 
         path = [str(site)] if site else []
         env = {
             **os.environ,
             "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-            "PYTHONPATH": os.pathsep.join([*path, str(HERE), *filter(None, [os.environ.get("PYTHONPATH")])]),
+            "PYTHONPATH": os.pathsep.join(
+                [
+                    *path,
+                    str(HERE),
+                    str(HERE.parent / "support"),
+                    *filter(None, [os.environ.get("PYTHONPATH")]),
+                ]
+            ),
         }
         self.work = Path(tempfile.mkdtemp(prefix="engine-runs-"))
         self.runs = 0
@@ -316,16 +329,33 @@ def _run_here(job: dict[str, Any]) -> dict[str, Any]:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    llm = LLM(model=job["model"], **engine_args(**job["overrides"]))
+    overrides = dict(job["overrides"])
+    # IPC endpoints, which the publisher binds (it connects to a plain tcp:// host, for a
+    # subscriber that binds), on this machine only.
+    sockets = Path(tempfile.mkdtemp(prefix="kv-events-")) if job.get("kv_events") else None
+    endpoints = [f"ipc://{sockets}/events", f"ipc://{sockets}/replay"] if sockets else None
+    if endpoints:
+        from vllm.config import KVEventsConfig
+
+        overrides["kv_events_config"] = KVEventsConfig(
+            enable_kv_cache_events=True, publisher="zmq", endpoint=endpoints[0], replay_endpoint=endpoints[1]
+        )
+    llm = LLM(model=job["model"], **engine_args(**overrides))
     params = SamplingParams(temperature=0, max_tokens=job["max_tokens"], ignore_eos=True)
+    events = KVEventRouter(llm, *endpoints) if endpoints else None
     outputs = []
     batches, rest = [], list(job["prompts"])
     for size in job["batches"]:
         batches.append(rest[:size])
         rest = rest[size:]
     start = time.perf_counter()
+    router_hits: list[int] = []
     for batch in batches:
+        if events:
+            router_hits += [events.hit_tokens(p) for p in batch]
         outputs += llm.generate([TokensPrompt(prompt_token_ids=p) for p in batch], params, use_tqdm=False)
+        if events:
+            events.catch_up()
     seconds = time.perf_counter() - start
     return {
         "tokens": [list(o.outputs[0].token_ids) for o in outputs],
@@ -339,7 +369,107 @@ def _run_here(job: dict[str, Any]) -> dict[str, Any]:
         # What the engine really runs with (the platform may override what was asked).
         "async_scheduling": bool(llm.llm_engine.vllm_config.scheduler_config.async_scheduling),
         "seconds": seconds,
+        "router_hits": router_hits,
+        "kv_events": events.counts() if events else {},
     }
+
+
+class KVEventRouter:
+    """A cache-aware router on the engine's KV events: a ZMQ subscriber decoding the
+    publisher's msgspec `KVEventBatch`es into a replay (kv_event_replay.py, the event
+    contract of docs/runner-contract.md). The engine core runs in this process, so after
+    each batch of prompts the replay is compared with the scheduler's own pool. A batch
+    missed (published before the subscription took, ZMQ's slow joiner) is asked again from
+    the publisher's replay endpoint by its sequence number, as a router does."""
+
+    def __init__(self, llm: Any, endpoint: str, replay_endpoint: str) -> None:
+        import msgspec
+        import zmq
+        from kv_event_replay import EventReplay
+        from vllm.distributed.kv_events import KVEventBatch
+        from vllm.utils.hashing import get_hash_fn_by_name
+        from vllm.v1.core.kv_cache_utils import init_none_hash
+
+        config = llm.llm_engine.vllm_config.cache_config
+        self.hash_function = get_hash_fn_by_name(config.prefix_caching_hash_algo)
+        init_none_hash(self.hash_function)  # as the engine core did: the first block's parent
+        self.scheduler = llm.llm_engine.engine_core.engine_core.scheduler
+        self.pool = self.scheduler.kv_cache_manager.block_pool
+        self.replay = EventReplay(self.pool.hash_block_size, self.hash_function)
+        self.decoder = msgspec.msgpack.Decoder(type=KVEventBatch)
+        self.socket = zmq.Context.instance().socket(zmq.SUB)
+        self.socket.setsockopt(zmq.SUBSCRIBE, b"")
+        self.socket.connect(endpoint)
+        self.replay_socket = zmq.Context.instance().socket(zmq.DEALER)
+        self.replay_socket.connect(replay_endpoint)
+        self.next_seq = 0
+        self.batches = 0
+        self.replayed = 0
+
+    def _take(self, seq: int, payload: bytes) -> None:
+        if seq < self.next_seq:
+            return  # had it already (from a replay)
+        if seq > self.next_seq:
+            self._ask_replay()
+            if seq < self.next_seq:
+                return
+        self.replay.apply(self.decoder.decode(payload).events)
+        self.batches += 1
+        self.next_seq = seq + 1
+
+    def _ask_replay(self) -> None:
+        """Every buffered batch from `next_seq` on, from the replay endpoint."""
+        self.replay_socket.send_multipart((b"", self.next_seq.to_bytes(8, "big")))
+        while True:
+            _, _topic, seq_bytes, payload = self.replay_socket.recv_multipart()
+            seq = int.from_bytes(seq_bytes, "big", signed=True)
+            if seq < 0:
+                return
+            if seq == self.next_seq:
+                self.replay.apply(self.decoder.decode(payload).events)
+                self.batches += 1
+                self.replayed += 1
+                self.next_seq = seq + 1
+
+    def catch_up(self, timeout: float = 10.0) -> None:
+        """Take the batches published so far, until the replay holds what the pool holds
+        (the publisher sends from its own thread); fail if it never does."""
+        from kv_event_replay import KVEventContractError
+
+        deadline = time.monotonic() + timeout
+        while True:
+            while self.socket.poll(50):
+                _topic, seq, payload = self.socket.recv_multipart()
+                self._take(int.from_bytes(seq, "big"), payload)
+            try:
+                self.replay.check_pool(self.pool)
+                return
+            except KVEventContractError as error:
+                if time.monotonic() > deadline:
+                    raise KVEventContractError(
+                        f"{error} ({self.counts()}, next batch {self.next_seq})"
+                    ) from None
+                self._ask_replay()  # batches missed with none after them to show the gap
+
+    def hit_tokens(self, prompt: list[int]) -> int:
+        """The router's hit for a prompt, capped as the scheduler caps its own (a token
+        left to compute)."""
+        from vllm.v1.core.kv_cache_utils import hash_block_tokens
+
+        size = self.replay.hash_block_size
+        hashes, parent = [], None
+        for start in range(0, len(prompt) - size + 1, size):
+            parent = hash_block_tokens(self.hash_function, parent, prompt[start : start + size], None)
+            hashes.append(parent)
+        return min(self.replay.hit_tokens(hashes), (len(prompt) - 1) // size * size)
+
+    def counts(self) -> dict[str, int]:
+        return {
+            "batches": self.batches,
+            "replayed": self.replayed,
+            "stored": self.replay.num_stored,
+            "removed": self.replay.num_removed,
+        }
 
 
 def first_difference(a: list[list[int]], b: list[list[int]]) -> str:
@@ -375,13 +505,6 @@ def assert_decode_ready(
 
 def dump(outcome: Outcome) -> str:
     return json.dumps({"metrics": outcome.metrics, "preemptions": len(outcome.preemptions)})
-
-
-if __name__ == "__main__":
-    if sys.argv[1:] == ["--zygote"]:
-        _serve_forks()
-    else:  # one run, the job on stdin (as bench/bench_engine.py and a developer run it)
-        print(RESULT + json.dumps(_run_here(json.loads(sys.stdin.read()))), flush=True)
 
 
 def free_port() -> int:
@@ -474,3 +597,10 @@ def metric_samples(text: str, name: str) -> dict[str, float]:
 def words(tokens: list[int]) -> str:
     """The word-level tokenizer's text for token ids (``w<id>``)."""
     return " ".join(f"w{t}" for t in tokens)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--zygote"]:
+        _serve_forks()
+    else:  # one run, the job on stdin (as bench/bench_engine.py and a developer run it)
+        print(RESULT + json.dumps(_run_here(json.loads(sys.stdin.read()))), flush=True)

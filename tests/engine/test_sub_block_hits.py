@@ -32,7 +32,7 @@ import random
 from pathlib import Path
 
 import pytest
-from engine_kit import BLOCK, NGRAM, RBLN, VOCAB, assert_same_tokens, run, variant_site
+from engine_kit import BLOCK, NGRAM, RBLN, VOCAB, Outcome, assert_same_tokens, run, variant_site
 
 rng = random.Random(7)
 
@@ -87,9 +87,16 @@ def no_cow(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return variant_site(NO_COW, tmp_path_factory.mktemp("no-cow"))
 
 
-def test_sub_block_hits_raise_the_hit_count_and_keep_the_tokens(model: Path, no_cow: Path) -> None:
+@pytest.fixture(scope="module")
+def sub(model: Path) -> Outcome:
+    """The sub-block run, its KV events published over ZMQ and followed by a router."""
+    return run(model, PROMPTS, 8, batches=BATCHES, kv_events=True, **COMMON, additional_config=SUB_BLOCKS)
+
+
+def test_sub_block_hits_raise_the_hit_count_and_keep_the_tokens(
+    model: Path, no_cow: Path, sub: Outcome
+) -> None:
     whole = run(model, PROMPTS, 8, batches=BATCHES, **COMMON, additional_config=WHOLE_BLOCKS)
-    sub = run(model, PROMPTS, 8, batches=BATCHES, **COMMON, additional_config=SUB_BLOCKS)
 
     assert_same_tokens(sub, whole, "sub-block caching")
     whole_hits, sub_hits = whole.metrics["vllm:prefix_cache_hits"], sub.metrics["vllm:prefix_cache_hits"]
@@ -107,3 +114,18 @@ def test_sub_block_hits_raise_the_hit_count_and_keep_the_tokens(model: Path, no_
     assert variant.tokens[: len(SEQUENTIAL)] == sub.tokens[: len(SEQUENTIAL)]
     hitting = PROMPTS.index(HITTING)
     assert variant.tokens[-1] != sub.tokens[hitting], "no-cow: the hitting request's tokens did not change"
+
+
+def test_the_kv_events_are_sub_blocks_a_router_reads_as_the_scheduler_hits(sub: Outcome) -> None:
+    """The event contract (docs/runner-contract.md, "KV events") on vLLM's ZMQ publisher and a
+    subscriber decoding its msgspec batches (engine_kit.KVEventRouter): every BlockStored in
+    sub-blocks, each hash computable from its tokens, every BlockRemoved of an entry stored,
+    the replay equal to the scheduler's pool after each batch of prompts (checked in the
+    run), and the router's hit for each prompt sent alone, from the events before it, equal
+    to the engine's own hit (RequestOutput.num_cached_tokens)."""
+    assert sub.kv_events["batches"] > 0 and sub.kv_events["stored"] > 0, sub.kv_events
+    starts = [sum(BATCHES[:b]) for b in range(len(BATCHES))]
+    alone = [start for start, size in zip(starts, BATCHES, strict=True) if size == 1]
+    expected = [sub.num_cached_tokens[i] for i in alone]
+    assert [sub.router_hits[i] for i in alone] == expected, (sub.router_hits, sub.num_cached_tokens)
+    assert sum(expected) > 0 and any(hit % BLOCK for hit in expected), "no sub-block hit to read"

@@ -27,6 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+# Run as a script too (the livelock matrix): the shared kits of tests/support first.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "support"))
+from kv_event_replay import EventReplay
 from kv_oracle import KVOracle
 
 if TYPE_CHECKING:
@@ -180,16 +183,54 @@ def named_request(req_id: str, prompt_len: int, max_tokens: int, **kwargs: Any) 
     return make_request(req_id, distinct_prompt(seed, prompt_len), max_tokens, **kwargs)
 
 
-def make_scheduler(rbln: bool = True, **kwargs: Any) -> Scheduler:
+def make_scheduler(rbln: bool = True, kv_events: bool = True, **kwargs: Any) -> Scheduler:
     """`create_scheduler` with blocks of `BLOCK_SIZE` (unless given): the
-    RBLN scheduler, or upstream's `Scheduler` with `rbln=False`."""
+    RBLN scheduler, or upstream's `Scheduler` with `rbln=False`; KV cache events
+    on (the `Driver` replays them) unless `kv_events=False`. Built by this
+    module's `create_scheduler`, which takes `scheduler_cls` at every pin."""
 
     kwargs.setdefault("block_size", BLOCK_SIZE)
     if rbln:
         kwargs["scheduler_cls"] = rbln_scheduler_factory(
             async_scheduling=kwargs.get("async_scheduling", False)
         )
+    if kv_events:
+        kwargs["scheduler_cls"] = with_kv_events(
+            kwargs.get("scheduler_cls"), kwargs.get("async_scheduling", False)
+        )
     return create_scheduler(**kwargs)
+
+
+def with_kv_events(scheduler_cls: Any, async_scheduling: bool) -> Callable[..., Scheduler]:
+    """`scheduler_cls` (None: the class `create_scheduler` picks) built with KV cache
+    events on, as `--kv-events-config '{"enable_kv_cache_events": true}'` turns them on;
+    vLLM's null publisher until the `Driver` records them."""
+    from vllm.config import KVEventsConfig
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    cls = scheduler_cls or (AsyncScheduler if async_scheduling else Scheduler)
+
+    def make(*, vllm_config: Any, **kwargs: Any) -> Scheduler:
+        vllm_config.kv_events_config = KVEventsConfig(enable_kv_cache_events=True, publisher="null")
+        return cls(vllm_config=vllm_config, **kwargs)
+
+    return make
+
+
+class RecordingPublisher:
+    """Stands where vLLM's ZMQ publisher would (`Scheduler.kv_event_publisher`): every
+    `KVEventBatch` the scheduler publishes goes to the replay. The engine tier's event
+    test runs the real ZMQ publisher and subscriber."""
+
+    def __init__(self, replay: EventReplay) -> None:
+        self.replay = replay
+
+    def publish(self, events: Any) -> None:
+        self.replay.apply(events.events)
+
+    def shutdown(self) -> None:
+        pass
 
 
 def blocks_held(scheduler: Scheduler, req_id: str) -> int:
@@ -261,12 +302,23 @@ class Driver:
     # violations (`oracle.strict = False`) or has more than one KV cache group.
     kv_oracle: bool = True
     oracle: KVOracle | None = None
+    # With KV cache events on (`make_scheduler`'s default) and one KV cache group,
+    # the events are replayed as a router does (kv_event_replay.py) and checked
+    # against the pool after every update: KVEventContractError on a mismatch.
+    events: EventReplay | None = None
     _loading: dict[str, int] = field(default_factory=dict)
     _in_flight: deque[_Batch] = field(default_factory=deque)
 
     def __post_init__(self) -> None:
         if self.kv_oracle and self.oracle is None and KVOracle.applies(self.scheduler):
             self.oracle = KVOracle(self.scheduler, draft_token=DRAFT_TOKEN)
+        scheduler = self.scheduler
+        single_group = len(scheduler.kv_cache_manager.coordinator.single_type_managers) == 1
+        if self.events is None and scheduler.enable_kv_cache_events and single_group:
+            from vllm.utils.hashing import sha256
+
+            self.events = EventReplay(scheduler.kv_cache_manager.block_pool.hash_block_size, sha256)
+            scheduler.kv_event_publisher = RecordingPublisher(self.events)  # type: ignore[assignment]
 
     def add(self, request: Request) -> None:
         self.scheduler.add_request(request)
@@ -366,6 +418,8 @@ class Driver:
             ),
         )
         engine_outputs = scheduler.update_from_output(batch.output, model_output)
+        if self.events is not None:
+            self.events.check_pool(scheduler.kv_cache_manager.block_pool)
         for outputs in engine_outputs.values():
             stats = outputs.scheduler_stats
             counted = stats is not None and hasattr(stats, "num_preempted_reqs")

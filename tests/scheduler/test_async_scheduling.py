@@ -195,3 +195,49 @@ def test_pipeline_parallelism_under_async_scheduling_is_refused() -> None:
         ValueError, match="RBLNAsyncScheduler does not support pipeline parallelism.*async_scheduling=False"
     ):
         make(pipeline_parallel_size=2)
+
+
+@pytest.mark.parametrize("max_tokens", [2, 5, 9])
+@pytest.mark.parametrize("seed", range(4))
+def test_a_finished_request_keeps_the_placeholders_upstreams_async_scheduler_keeps(
+    seed: int, max_tokens: int
+) -> None:
+    """A request that finishes under async scheduling with drafts keeps
+    `num_output_placeholders` > 0 (an earlier review's doubt): the slots of its batch
+    still in flight, and the drafts cut at its stop. Upstream's `AsyncScheduler` leaves
+    the same count on the same schedule (one request: both schedule it alike), and it
+    is harmless: the request is freed, no block held, and nothing reads the count of
+    a finished request (the oracle checks every step's KV)."""
+    import random
+
+    from sched_harness import create_scheduler
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+
+    left: dict[str, int] = {}
+    for name, cls in (
+        ("rbln", h.rbln_scheduler_factory(async_scheduling=True)),
+        ("upstream", AsyncScheduler),
+    ):
+        scheduler = create_scheduler(
+            scheduler_cls=cls,
+            block_size=h.BLOCK_SIZE,
+            num_blocks=40,
+            max_num_batched_tokens=h.BLOCK_SIZE,
+            enable_prefix_caching=True,
+            num_speculative_tokens=3,
+            # The drafter async scheduling allows with drafts (vLLM refuses the CPU "ngram").
+            speculative_method="ngram_gpu",
+            async_scheduling=True,
+        )
+        rng = random.Random(seed)
+        driver = h.Driver(
+            scheduler, accept=lambda req_id, n, rng=rng: rng.randint(0, n), max_in_flight=IN_FLIGHT
+        )
+        request = h.make_request("r", h.distinct_prompt(seed, 20), max_tokens)
+        driver.add(request)
+        assert driver.run(100) < 100
+        assert driver.finished == {"r"} and request.num_output_tokens == max_tokens
+        assert not scheduler.requests
+        h.assert_all_blocks_free(scheduler)
+        left[name] = request.num_output_placeholders
+    assert left["rbln"] == left["upstream"]

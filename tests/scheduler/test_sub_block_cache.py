@@ -431,6 +431,47 @@ def test_a_platform_that_cannot_answer_stops_only_a_size_that_needs_the_answer()
         platforms._current_platform = previous
 
 
+def test_a_drafter_that_takes_slots_counts_as_a_sub_block_below_the_chunk() -> None:
+    """Issue 33: a drafter that takes slots of every step (here ngram with parallel
+    drafting, 3 tokens: 2 slots) makes upstream's scheduler give a prefill that many
+    tokens fewer than the chunk, so chunks of 8 are 6 tokens and start at 0, 6, 12: the
+    third crosses the 16-token block, as a sub-block below the chunk lets a chunk do.
+    So it needs the platform's yes (rule 4): on a platform that cannot, the default stays
+    with whole blocks, and a size given is refused naming the drafter; the same drafter
+    without parallel drafting takes no slot and keeps sub-blocks of the chunk. Shown
+    failing before the rule: sub-blocks of 8 on the platform that cannot."""
+    from vllm.v1.core.sched.rbln_sub_block import SubBlockCacheConfigError
+
+    def build(settings: dict[str, Any], *, platform_yes: bool, parallel: bool = True) -> Any:
+        factory = h.rbln_scheduler_factory(settings, chunks_cross_kv_blocks=platform_yes)
+        return make_scheduler_with(
+            factory, chunk=8, num_speculative_tokens=3, speculative_method="ngram", parallel_drafting=parallel
+        )
+
+    crossing = build({}, platform_yes=True)
+    assert crossing.vllm_config.speculative_config.max_num_new_slots_for_drafting == 2
+    assert_sub_blocks(crossing, 8)
+    driver = h.Driver(crossing)
+    driver.add(h.make_request("long", prompt(40), max_tokens=4, hash_block_size=8))
+    steps = [driver.step() for _ in range(3)]
+    assert [step.num_scheduled_tokens for step in steps] == [{"long": 6}] * 3
+    # The third chunk, tokens 12..17, writes into two KV blocks.
+    assert [step.num_computed_before["long"] for step in steps] == [0, 6, 12]
+
+    drafter = "the ngram with parallel drafting drafter takes 2 slot(s) of every step"
+    default = build({}, platform_yes=False)
+    assert_whole_blocks(default)
+    assert drafter in default.sub_block_cache.whole_blocks_because
+    with pytest.raises(SubBlockCacheConfigError) as error:
+        build({"sub_block_size": 8}, platform_yes=False)
+    message = str(error.value)
+    assert f"sub_block_size=8: {drafter}" in message
+    assert "prefill chunks of 6 tokens stop starting on multiples of max_num_batched_tokens=8" in message
+    assert "supports_prefill_chunk_across_kv_blocks() is False" in message
+    assert "use a drafter that takes no slot" in message
+    assert_sub_blocks(build({}, platform_yes=False, parallel=False), 8)
+
+
 def test_the_platform_hook_defaults_to_no() -> None:
     """vLLM's `Platform` answers no unless a platform says otherwise."""
     from vllm.platforms import current_platform
