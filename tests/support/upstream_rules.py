@@ -23,6 +23,18 @@ load only if it fits in the free blocks less the in-flight prefills' remaining b
 ``_spec_decode_step_blocks()``, the blocks of its own first spec decode step; 0.30.0 reserves
 only the in-flight prefills' blocks (``reserved_blocks = self._inflight_prefill_reserved_blocks()``)
 and has no ``_spec_decode_step_blocks``.
+
+**Routed experts** (``enable_return_routed_experts``). From 0.31.0 the setting is
+``AuxOutputConfig``'s, and upstream's scheduler builds an aux-output connector
+(``vllm/distributed/aux_output_connector``) that sends its worker ``request.block_hashes``, one
+hash per ``resolve_kv_cache_block_sizes()`` hash block, under which the worker files each
+block's routed experts. 0.30.0 has no ``AuxOutputConfig`` and no such connector: the setting is
+``ModelConfig``'s, and the scheduler's own ``RoutedExpertsManager``
+(``vllm/model_executor/layers/fused_moe/routed_experts_capturer.py``) stores each token's routed
+experts in the slot of its physical KV block (``block_id * block_size + offset``, the attention
+group's KV block size; ``store_batch``) and reads a request's back through its own block ids
+(``get``, with the ids ``_update_after_schedule`` snapshots in ``_re_block_ids``); building it
+needs a MoE model (``_get_routed_experts_shape``: positive expert counts).
 """
 
 from __future__ import annotations
@@ -65,3 +77,11 @@ def counted_as_deferred(scheduler: object, request: object) -> bool:
     if installed_vllm_release() >= (0, 31):
         return request in scheduler.deferred_waiting  # type: ignore[attr-defined]
     return any(r is request for r in scheduler.skipped_waiting)  # type: ignore[attr-defined]
+
+
+def routed_experts_by_block_hash(release: tuple[int, ...] | None = None) -> bool:
+    """Whether ``release`` (default: the installed vLLM) files routed experts under request
+    block hashes through the aux-output connector, set in ``AuxOutputConfig`` (0.31.0 and later),
+    or per physical KV slot in the scheduler's ``RoutedExpertsManager``, set in ``ModelConfig``
+    (0.30.0)."""
+    return (installed_vllm_release() if release is None else release) >= (0, 31)
