@@ -45,7 +45,9 @@ class AdoptionPatches:
         return ",".join([*(f"{p.name}:{sha256_of(p)}" for p in self.patches), *self.deletions])
 
 
-def adoption_patches(release: str = VLLM_RBLN, root: Path = ADOPTING, pin: Pin | None = None) -> AdoptionPatches:
+def adoption_patches(
+    release: str = VLLM_RBLN, root: Path = ADOPTING, pin: Pin | None = None
+) -> AdoptionPatches:
     """The patches ``root/release/series`` names, in its order: at ``pin``, only those whose
     gate (``<name> vllm<specifier>``) contains it; without a pin, every patch."""
     folder = root / release
@@ -86,7 +88,9 @@ def _series_entry(series: Path, line: str) -> tuple[str, SpecifierSet | None]:
     try:
         return name, SpecifierSet(gate[4:].strip())
     except InvalidSpecifier as error:
-        raise SeriesError(f"{series}: {line!r}: {gate[4:].strip()!r} is no PEP 440 specifier ({error}).") from None
+        raise SeriesError(
+            f"{series}: {line!r}: {gate[4:].strip()!r} is no PEP 440 specifier ({error})."
+        ) from None
 
 
 def _lines(path: Path) -> list[str]:

@@ -788,7 +788,10 @@ def test_routed_experts_get_one_hash_per_block(settings: dict[str, Any] | None) 
         from vllm.v1.core.kv_cache_utils import resolve_kv_cache_block_sizes
 
         assert scheduler.aux_output_connector is not None
-        assert resolve_kv_cache_block_sizes(scheduler.kv_cache_config, scheduler.vllm_config) == (BLOCK, BLOCK)
+        assert resolve_kv_cache_block_sizes(scheduler.kv_cache_config, scheduler.vllm_config) == (
+            BLOCK,
+            BLOCK,
+        )
         metadata = scheduler.schedule().aux_output_connector_metadata
         assert len(list(metadata.block_hashes["A"])) == 40 // BLOCK
         return

@@ -105,9 +105,8 @@ def test_async_loads_keep_the_separate_reservation() -> None:
     gate and reserves `_spec_decode_step_blocks()` instead (from 0.31.0; 0.30.0
     reserves only the in-flight prefills' blocks: `upstream_rules`); the
     in-flight reservation helper is unchanged."""
-    from upstream_rules import async_load_reserves_spec_decode_step
-
     from tests.v1.core.utils import mock_kv
+    from upstream_rules import async_load_reserves_spec_decode_step
 
     scheduler = upstream(3, use_kv_connector=mock_kv(16, True))
     from tests.v1.core.utils import create_requests

@@ -22,7 +22,10 @@ and the step's ``deferred_waiting`` (``kv_holding_queue``, ``counted_as_deferred
 load only if it fits in the free blocks less the in-flight prefills' remaining blocks and
 ``_spec_decode_step_blocks()``, the blocks of its own first spec decode step; 0.30.0 reserves
 only the in-flight prefills' blocks (``reserved_blocks = self._inflight_prefill_reserved_blocks()``)
-and has no ``_spec_decode_step_blocks``.
+and has no ``_spec_decode_step_blocks``. The RBLN scheduler reserves the same blocks at both: its
+0.30.0 form adds that step per in-flight prefill itself (without it, at 0.30.0, a second load
+took the blocks a landed load ahead of it needed, and both waited for good:
+``test_async_loads.py::test_loads_under_priority_finish[5-rbln]``).
 
 **Routed experts** (``enable_return_routed_experts``). From 0.31.0 the setting is
 ``AuxOutputConfig``'s, and upstream's scheduler builds an aux-output connector

@@ -120,10 +120,11 @@ def test_the_real_series_gates_the_0_31_0_port_on_the_pin(pin: str, names: list[
     """vllm-rbln 0.12.0 is built for vLLM 0.30.0: its 0.31.0 port applies from 0.31.0 on only."""
     listed = adoption_patches(pin=Pin.parse(pin))
     assert [p.name for p in listed.patches] == names
-    assert listed.gated_off == (
-        (("port-to-vllm-0.31.0.patch", "vllm>=0.31.0"),) if pin == "0.30.0" else ()
+    assert listed.gated_off == ((("port-to-vllm-0.31.0.patch", "vllm>=0.31.0"),) if pin == "0.30.0" else ())
+    assert (
+        listed.fingerprint
+        != adoption_patches(pin=Pin.parse("0.30.0" if pin != "0.30.0" else "0.31.0")).fingerprint
     )
-    assert listed.fingerprint != adoption_patches(pin=Pin.parse("0.30.0" if pin != "0.30.0" else "0.31.0")).fingerprint
 
 
 def test_a_gated_patch_applies_only_at_the_pins_its_specifier_contains(tmp_path: Path) -> None:
@@ -135,19 +136,25 @@ def test_a_gated_patch_applies_only_at_the_pins_its_specifier_contains(tmp_path:
     assert at_030.gated_off == ((second, "vllm<0.33,>=0.31.0"),)
     apply_adoption_patches(release, at_030)
     assert "plugin.scheduler.Scheduler" in (release / "plugin" / "platform.py").read_text()
-    assert [p.name for p in adoption_patches("plugin-1.0", root=patches.parent, pin=Pin.parse("0.32.0")).patches] == [
+    assert [
+        p.name for p in adoption_patches("plugin-1.0", root=patches.parent, pin=Pin.parse("0.32.0")).patches
+    ] == [
         first,
         second,
     ]
-    assert [p.name for p in adoption_patches("plugin-1.0", root=patches.parent, pin=Pin.parse("0.33.0")).patches] == [
-        first
-    ]
+    assert [
+        p.name for p in adoption_patches("plugin-1.0", root=patches.parent, pin=Pin.parse("0.33.0")).patches
+    ] == [first]
     assert len(adoption_patches("plugin-1.0", root=patches.parent).patches) == 2  # no pin: the whole series
 
 
 @pytest.mark.parametrize(
     ("gate", "message"),
-    [("torch>=2", "a patch's gate is 'vllm<specifier>'"), ("vllm", "a patch's gate is"), ("vllm>=zero", "no PEP 440")],
+    [
+        ("torch>=2", "a patch's gate is 'vllm<specifier>'"),
+        ("vllm", "a patch's gate is"),
+        ("vllm>=zero", "no PEP 440"),
+    ],
 )
 def test_a_bad_gate_is_refused_by_name(tmp_path: Path, gate: str, message: str) -> None:
     folder = tmp_path / "plugin-1.0"
