@@ -7,6 +7,11 @@ site-packages folder a wheel was installed into: ``git apply`` (which needs no r
 every patch checked before any is applied, so a patch that does not apply leaves the tree as
 it was. ``deletes`` (optional) names the release's files that go, one path a line: listed
 rather than written as a deletion patch, which would carry every line of the file.
+
+A ``series`` line may gate its patch on the vLLM pin: ``<name> vllm<specifier>`` (PEP 440,
+``port-to-vllm-0.31.0.patch vllm>=0.31.0``) applies the patch only at pins the specifier
+contains. vllm-rbln 0.12.0 is built for vLLM 0.30.0: at that pin its 0.31.0 port must not
+apply (it would require ``vllm==0.31.0`` and lift a harmony gate 0.30.0 needs).
 """
 
 from __future__ import annotations
@@ -15,10 +20,13 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
 from . import proc
 from .errors import FailedProcess, PatchDoesNotApply, SeriesError
 from .files import sha256_of
 from .paths import PROJECT_ROOT
+from .pins import Pin
 
 ADOPTING = PROJECT_ROOT / "adopting"
 VLLM_RBLN = "vllm-rbln-0.12.0"
@@ -29,6 +37,7 @@ class AdoptionPatches:
     release: str  # the folder's name: <plugin>-<version>
     patches: tuple[Path, ...]  # in the order they apply
     deletions: tuple[str, ...] = ()  # paths in the release that go, after the patches
+    gated_off: tuple[tuple[str, str], ...] = ()  # (name, its vllm specifier) left out at the pin
 
     @property
     def fingerprint(self) -> str:
@@ -36,23 +45,52 @@ class AdoptionPatches:
         return ",".join([*(f"{p.name}:{sha256_of(p)}" for p in self.patches), *self.deletions])
 
 
-def adoption_patches(release: str = VLLM_RBLN, root: Path = ADOPTING) -> AdoptionPatches:
-    """The patches ``root/release/series`` names, in its order."""
+def adoption_patches(
+    release: str = VLLM_RBLN, root: Path = ADOPTING, pin: Pin | None = None
+) -> AdoptionPatches:
+    """The patches ``root/release/series`` names, in its order: at ``pin``, only those whose
+    gate (``<name> vllm<specifier>``) contains it; without a pin, every patch."""
     folder = root / release
     series = folder / "series"
     if not series.is_file():
         raise SeriesError(f"{folder} has no series file: list its patches there, one name a line.")
-    names = _lines(series)
-    missing = [name for name in names if not (folder / name).is_file()]
+    entries = [_series_entry(series, line) for line in _lines(series)]
+    missing = [name for name, _ in entries if not (folder / name).is_file()]
     if missing:
         raise SeriesError(
             f"{series} names {', '.join(missing)}, which is not in {folder}: add it or drop the line."
         )
-    if not names:
+    if not entries:
         raise SeriesError(f"{series} names no patch: list the adoption patches there.")
+    applied: list[Path] = []
+    gated_off: list[tuple[str, str]] = []
+    for name, gate in entries:
+        if pin is None or gate is None or gate.contains(str(pin.version), prereleases=True):
+            applied.append(folder / name)
+        else:
+            gated_off.append((name, f"vllm{gate}"))
     deletes = folder / "deletes"
     deletions = tuple(_lines(deletes)) if deletes.is_file() else ()
-    return AdoptionPatches(release, tuple(folder / name for name in names), deletions)
+    return AdoptionPatches(release, tuple(applied), deletions, tuple(gated_off))
+
+
+def _series_entry(series: Path, line: str) -> tuple[str, SpecifierSet | None]:
+    """A series line: a patch name, and its gate on the vLLM pin (``vllm<specifier>``) if any."""
+    name, _, rest = line.partition(" ")
+    gate = rest.strip()
+    if not gate:
+        return name, None
+    if not gate.startswith("vllm") or not gate[4:].strip():
+        raise SeriesError(
+            f"{series}: {line!r}: a patch's gate is 'vllm<specifier>' (say '{name} vllm>=0.31.0'), "
+            f"not {gate!r}."
+        )
+    try:
+        return name, SpecifierSet(gate[4:].strip())
+    except InvalidSpecifier as error:
+        raise SeriesError(
+            f"{series}: {line!r}: {gate[4:].strip()!r} is no PEP 440 specifier ({error})."
+        ) from None
 
 
 def _lines(path: Path) -> list[str]:

@@ -127,7 +127,7 @@ def build(
     `additional_config` becomes vllm-rbln's `RBLNConfig`, `_wire` names the scheduler class);
     `chunks_cross_kv_blocks`: the scheduler is built on a platform declaring a device that
     may prefill a chunk across KV blocks (`sched_harness.chunks_may_cross_kv_blocks`)."""
-    from tests.v1.core.utils import create_scheduler
+    from sched_harness import create_scheduler
     from vllm.config import set_current_vllm_config
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, KVCacheTensor
     from vllm_rbln.config import build_rbln_config

@@ -39,7 +39,7 @@ def test_the_platform_answer_never_raises() -> None:
     """`supports_prefill_chunk_across_kv_blocks()`: a CR13 says yes, another NPU no, and a host
     that cannot name its NPU (a compile-only worker) no, where `is_cr13()` raises; our scheduler
     asks at every construction, and starts there on the default settings."""
-    from tests.v1.core.utils import create_scheduler
+    from sched_harness import create_scheduler
     from vllm_rbln.config import build_rbln_config
 
     platform = _platform()
@@ -129,12 +129,15 @@ def test_without_rbln_kv_cache_manager_the_runner_does_not_import(tmp_path: Path
 
 
 def test_the_requirement_lines() -> None:
-    """vllm==0.31.0 (every RBLN build of it: a `==` with a local label would accept that label
-    only) and numba, which the pure wheel does not bring, at the version vLLM's own builds pin."""
+    """vllm==0.30.0, the release vllm-rbln 0.12.0 is built for, below 0.31.0, and vllm==0.31.0
+    where the 0.31.0 port applies (every RBLN build of it: a `==` with a local label would
+    accept that label only); and numba, which the pure wheel does not bring, at the version
+    vLLM's own builds pin."""
     requires = [Requirement(r) for r in importlib.metadata.requires("vllm-rbln") or ()]
     by_name = {r.name: r for r in requires if r.marker is None}
-    assert str(by_name["vllm"].specifier) == "==0.31.0"
-    assert by_name["vllm"].specifier.contains("0.31.0+rbln.22")
+    release = "0.30.0" if PIN < Version("0.31.0") else "0.31.0"
+    assert str(by_name["vllm"].specifier) == f"=={release}"
+    assert by_name["vllm"].specifier.contains(f"{release}+rbln.22")
     assert not Requirement("vllm==0.30.0+cpu").specifier.contains("0.30.0+rbln.1")
     assert by_name["numba"].specifier.contains(importlib.metadata.version("numba"))
 
@@ -149,7 +152,8 @@ def test_vllm_rbln_patches_import() -> None:
 
 def test_a_sliding_window_model() -> None:
     """vllm-rbln's sliding-window spec and manager (registered by its platform): its manager
-    takes 0.31.0's `prefill_end`, and the runner holds one block per request."""
+    takes 0.31.0's `prefill_end` (the port; 0.30.0 has none), and the runner holds one block
+    per request."""
     import torch
     from vllm_rbln.v1.kv_cache import RBLNSlidingWindowSpec
 
@@ -169,10 +173,11 @@ def test_a_sliding_window_model() -> None:
 
 
 def test_the_optimum_scheduler_is_built() -> None:
-    """The optimum path's scheduler reads routed experts from `AuxOutputConfig` (0.31.0).
-    (Its `schedule()` still calls 0.30.0's `_select_waiting_queue_for_scheduling`, which 0.31.0
+    """The optimum path's scheduler reads routed experts from `AuxOutputConfig` (0.31.0, the
+    port), from `ModelConfig.enable_return_routed_experts` as released (0.30.0). (Its
+    `schedule()` still calls 0.30.0's `_select_waiting_queue_for_scheduling`, which 0.31.0
     removed: docs/adopting.md, "Not ported".)"""
-    from tests.v1.core.utils import create_scheduler
+    from sched_harness import create_scheduler
     from vllm_rbln.config import build_optimum_rbln_config
     from vllm_rbln.v1.core.optimum_scheduler import RBLNOptimumScheduler
 
@@ -183,4 +188,7 @@ def test_the_optimum_scheduler_is_built() -> None:
     scheduler = create_scheduler(
         scheduler_cls=optimum, block_size=32, max_num_batched_tokens=64, max_model_len=512
     )  # type: ignore[arg-type]
-    assert scheduler.aux_output_connector is None
+    if PIN < Version("0.31.0"):
+        assert scheduler.enable_return_routed_experts is False
+    else:
+        assert scheduler.aux_output_connector is None

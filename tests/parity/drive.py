@@ -107,7 +107,7 @@ def _sub_block(w: Workload) -> tuple[bool, int | None]:
 
 
 def make_ours(w: Workload) -> Any:
-    from tests.v1.core.utils import create_scheduler
+    from sched_harness import create_scheduler
 
     enabled, size = _sub_block(w)
     rbln = h.rbln_scheduler_factory(h.sub_block_settings(size, enabled), async_scheduling=w.async_scheduling)
@@ -121,7 +121,7 @@ def make_ours(w: Workload) -> Any:
 
 
 def make_vllm_rbln(w: Workload) -> Any:
-    from tests.v1.core.utils import create_scheduler
+    from sched_harness import create_scheduler
     from vllm_rbln.config import build_rbln_config
     from vllm_rbln.v1.core.rbln_scheduler import RBLNAsyncScheduler, RBLNScheduler
 

@@ -132,7 +132,8 @@ class Outcome:
 
 
 def make_scheduler(workload: Workload, rbln: bool, scheduler_cls: Any = None) -> Scheduler:
-    from tests.v1.core.utils import create_scheduler, mock_kv
+    from sched_harness import create_scheduler
+    from tests.v1.core.utils import mock_kv
 
     kwargs: dict[str, Any] = {}
     if workload.num_spec_tokens:

@@ -107,6 +107,33 @@ def load_harness_from_env() -> str | None:
     return None
 
 
+def create_scheduler(*, scheduler_cls: Any = None, **kwargs: Any) -> Scheduler:
+    """vLLM's `tests/v1/core/utils.create_scheduler`, taking `scheduler_cls` at
+    every pin. Its `scheduler_cls` parameter is new in vLLM 0.31.0; at an older
+    pin the class is built on the `VllmConfig`, KV cache config and
+    structured-output manager that `create_scheduler` made, with the
+    arguments 0.31.0's passes its class (`block_size`, `log_stats=True`)."""
+    import inspect
+
+    from tests.v1.core import utils
+
+    parameters = inspect.signature(utils.create_scheduler).parameters
+    if "scheduler_cls" in parameters:
+        return utils.create_scheduler(scheduler_cls=scheduler_cls, **kwargs)
+    base = utils.create_scheduler(**kwargs)
+    if scheduler_cls is None:
+        return base
+    scheduler = scheduler_cls(
+        vllm_config=base.vllm_config,
+        kv_cache_config=base.kv_cache_config,
+        block_size=kwargs.get("block_size", parameters["block_size"].default),
+        log_stats=True,
+        structured_output_manager=base.structured_output_manager,
+    )
+    scheduler.use_v2_model_runner = base.use_v2_model_runner
+    return scheduler
+
+
 def make_request(
     request_id: str,
     prompt_token_ids: Sequence[int],
@@ -159,8 +186,8 @@ def named_request(req_id: str, prompt_len: int, max_tokens: int, **kwargs: Any) 
 def make_scheduler(rbln: bool = True, kv_events: bool = True, **kwargs: Any) -> Scheduler:
     """`create_scheduler` with blocks of `BLOCK_SIZE` (unless given): the
     RBLN scheduler, or upstream's `Scheduler` with `rbln=False`; KV cache events
-    on (the `Driver` replays them) unless `kv_events=False`."""
-    from tests.v1.core.utils import create_scheduler
+    on (the `Driver` replays them) unless `kv_events=False`. Built by this
+    module's `create_scheduler`, which takes `scheduler_cls` at every pin."""
 
     kwargs.setdefault("block_size", BLOCK_SIZE)
     if rbln:
@@ -699,7 +726,6 @@ def prefix_hit_connector_scheduler(
     connector whose store holds the first `matched_tokens` tokens of every
     prompt (at most all but its last token: a P/D decode instance's
     remote KV), loaded asynchronously or not."""
-    from tests.v1.core.utils import create_scheduler
     from vllm.config import KVTransferConfig
 
     _register_prefix_hit_connector()
@@ -720,7 +746,7 @@ def prefix_hit_connector_scheduler(
 
 
 def make_livelock_scheduler(case: LivelockCase, progress_guarantee: bool = True) -> Scheduler:
-    from tests.v1.core.utils import create_scheduler, mock_kv
+    from tests.v1.core.utils import mock_kv
     from vllm.config import KVTransferConfig
 
     settings = None if case.sub_block_size is None else sub_block_settings(case.sub_block_size)

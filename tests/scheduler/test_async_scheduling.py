@@ -24,7 +24,7 @@ IN_FLIGHT = 2  # `VllmConfig.max_concurrent_batches` with async scheduling, pp 1
 
 def make(**kwargs: Any) -> Any:
     """The class vLLM picks for the RBLN scheduler with async scheduling on."""
-    from tests.v1.core.utils import create_scheduler
+    from sched_harness import create_scheduler
 
     kwargs.setdefault("block_size", h.BLOCK_SIZE)
     return create_scheduler(scheduler_cls=h.rbln_scheduler_factory(async_scheduling=True), **kwargs)
@@ -82,7 +82,7 @@ def test_a_subclass_keeps_its_own_overrides_under_async_scheduling(caplog: pytes
     async form of its own; a subclass that names one gets it."""
     import logging
 
-    from tests.v1.core.utils import create_scheduler
+    from sched_harness import create_scheduler
     from vllm.v1.core.sched.rbln_scheduler import RBLNAsyncScheduler, RBLNScheduler
 
     class MyPolicy(RBLNScheduler):
@@ -210,7 +210,7 @@ def test_a_finished_request_keeps_the_placeholders_upstreams_async_scheduler_kee
     a finished request (the oracle checks every step's KV)."""
     import random
 
-    from tests.v1.core.utils import create_scheduler
+    from sched_harness import create_scheduler
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 
     left: dict[str, int] = {}

@@ -25,7 +25,7 @@ def cdiv(a: int, b: int) -> int:
 
 
 def test_drain_under_kv_pressure() -> None:
-    from tests.v1.core.utils import create_scheduler
+    from sched_harness import create_scheduler
 
     rng = random.Random(20261130)
     scheduler = create_scheduler(

@@ -42,7 +42,7 @@ def eagle_draft(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def make(eagle_draft: Path, rbln: bool = True, **kwargs: Any) -> Any:
-    from tests.v1.core.utils import create_scheduler
+    from sched_harness import create_scheduler
     from vllm.config import SpeculativeConfig
     from vllm.v1.core.sched.scheduler import Scheduler
 

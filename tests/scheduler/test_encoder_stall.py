@@ -16,8 +16,9 @@ Here the stall needs no torchvision: a text-only model has no encoder budget at 
 gives encoder compute and cache only to multimodal models), so a request with a multimodal
 placeholder stalls on the same branch, at every step, with nothing poked into the scheduler.
 Upstream's rule differs per pin (tests/support/upstream_rules.py, ``stall_requeues``): from
-0.33.0 the stalled request is requeued and counted as deferred and the loop goes on; 0.31.0 and
-0.32.0 end the waiting pass at it. The cases expect each pin's rule, from both schedulers.
+0.33.0 the stalled request is requeued and counted as deferred and the loop goes on; 0.30.0,
+0.31.0 and 0.32.0 end the waiting pass at it (0.30.0 keeps a KV holder on ``skipped_waiting``,
+where 0.31.0 has ``kv_holding_waiting``). The cases expect each pin's rule, from both schedulers.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any
 
 import pytest
 import sched_harness as h
-from upstream_rules import stall_requeues
+from upstream_rules import counted_as_deferred, kv_holding_queue, stall_requeues
 
 STALL_REQUEUES = stall_requeues()
 PLACEHOLDER = 8  # tokens of the multimodal placeholder that never fits the encoder budget
@@ -66,7 +67,7 @@ def assert_stalled(
 
     assert stalled.status == RequestStatus.WAITING and stalled not in scheduler.running
     assert queue and queue.peek_request() is stalled, "not back at the head of its queue"
-    assert (stalled in scheduler.deferred_waiting) == deferred
+    assert counted_as_deferred(scheduler, stalled) == deferred
     stats = scheduler.make_stats()
     assert stats is not None
     waiting, skipped = (others_waiting, 1) if deferred else (others_waiting + 1, 0)
@@ -119,7 +120,7 @@ def test_the_decodes_keep_running_while_the_only_waiting_request_is_stalled(hold
     if holds_kv:
         driver.step()  # its admission: the async load of its first block (nothing scheduled)
         driver.step()  # the load lands: it waits holding that block, before any other
-    queue = scheduler.kv_holding_waiting if holds_kv else scheduler.waiting
+    queue = kv_holding_queue(scheduler) if holds_kv else scheduler.waiting
     held = h.blocks_held(scheduler, "stalled")
     assert held == (1 if holds_kv else 0)
 

@@ -28,7 +28,7 @@ import sched_harness as h
 
 def _scheduler_with_counts(rbln: bool) -> Any:
     """A scheduler with 1 running and 2 waiting requests."""
-    from tests.v1.core.utils import create_scheduler
+    from sched_harness import create_scheduler
 
     kwargs: dict[str, Any] = {}
     if rbln:
@@ -101,7 +101,7 @@ def test_the_preemption_count_cannot_be_bound_by_position() -> None:
 def test_make_stats_reports_preemptions_with_the_counts() -> None:
     """The scheduler's own stats (built with keywords) carry the count and
     the waiting requests side by side."""
-    from tests.v1.core.utils import create_scheduler
+    from sched_harness import create_scheduler
 
     scheduler = create_scheduler(block_size=16, num_blocks=5, max_num_batched_tokens=16, max_model_len=256)
     driver = h.Driver(scheduler)

@@ -21,7 +21,7 @@ def _gate_blocks(num_tokens: int) -> int:
 
 
 def make(**kwargs: Any) -> Any:
-    from tests.v1.core.utils import create_scheduler
+    from sched_harness import create_scheduler
 
     return create_scheduler(
         scheduler_cls=h._rbln_scheduler_cls(),  # type: ignore[arg-type]

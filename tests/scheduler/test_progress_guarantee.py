@@ -30,7 +30,7 @@ def _review_repro(progress_guarantee: bool, prompt_priority: int) -> tuple[Any, 
     tokens) and d2 (16 tokens) run at priority 0; prompt P (32 tokens)
     arrives at `prompt_priority` while DP throttling defers prefills on two
     steps of three."""
-    from tests.v1.core.utils import create_scheduler
+    from sched_harness import create_scheduler
 
     scheduler = create_scheduler(
         scheduler_cls=h._rbln_scheduler_cls(),  # type: ignore[arg-type]
@@ -92,7 +92,7 @@ def test_the_guarantee_holds_at_the_livelock_geometry(policy: str) -> None:
     """The livelock matrix's 32-token case without a gate margin to spare:
     under both policies (all requests at one priority) the prompt is never
     preempted."""
-    from tests.v1.core.utils import create_scheduler
+    from sched_harness import create_scheduler
 
     scheduler = create_scheduler(
         scheduler_cls=h._rbln_scheduler_cls(),  # type: ignore[arg-type]
@@ -126,7 +126,7 @@ def test_dp_throttling_lets_the_decodes_run_between_a_prefills_chunks(progress_g
     chunk then cannot get them. With the progress guarantee a decode is
     preempted (FCFS: the most recent one); without it the prompt preempts
     itself. Either way everything finishes."""
-    from tests.v1.core.utils import create_scheduler
+    from sched_harness import create_scheduler
 
     scheduler = create_scheduler(
         scheduler_cls=h._rbln_scheduler_cls(),  # type: ignore[arg-type]

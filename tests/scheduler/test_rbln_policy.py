@@ -138,7 +138,7 @@ def test_ngram_lookahead_is_num_spec_tokens() -> None:
 
 
 def test_gate_is_always_on() -> None:
-    from tests.v1.core.utils import create_scheduler
+    from sched_harness import create_scheduler
 
     scheduler = create_scheduler(scheduler_cls=h._rbln_scheduler_cls())
     scheduler.scheduler_config.scheduler_reserve_full_isl = False
@@ -289,7 +289,7 @@ def _with_async_scheduling(**kwargs: Any) -> Scheduler:
     vLLM resolves it by default (for EAGLE, MTP and draft-model drafters
     too); the harness's config validation refuses async + ngram, so it is
     switched on after validation, where the engine core would find it."""
-    from tests.v1.core.utils import create_scheduler
+    from sched_harness import create_scheduler
 
     rbln = h._rbln_scheduler_cls()
 

@@ -28,7 +28,7 @@ BLOCK = h.BLOCK_SIZE
 
 
 def make(settings: dict[str, Any] | None, **kwargs: Any) -> Any:
-    from tests.v1.core.utils import create_scheduler
+    from sched_harness import create_scheduler
 
     kwargs.setdefault("num_blocks", 20)
     kwargs.setdefault("max_num_batched_tokens", 16)
@@ -123,7 +123,7 @@ def test_a_replanned_step_is_one_step() -> None:
     """A waiting request that does not fit makes the RBLN scheduler plan
     each step twice (admission, then decodes); the KV cache manager is told
     of one new step per schedule() call, and the step counter agrees."""
-    from tests.v1.core.utils import create_scheduler
+    from sched_harness import create_scheduler
 
     scheduler = create_scheduler(
         scheduler_cls=h._rbln_scheduler_cls(),  # type: ignore[arg-type]
@@ -165,7 +165,7 @@ class _PlatformSettings:
 
 
 def test_warning_threshold_with_a_non_dict_additional_config() -> None:
-    from tests.v1.core.utils import create_scheduler
+    from sched_harness import create_scheduler
     from vllm.v1.core.sched.rbln_scheduler import DEFAULT_PREEMPTION_WARNING_THRESHOLD
 
     rbln = h._rbln_scheduler_cls()

@@ -323,7 +323,7 @@ def test_a_landed_kv_load_is_a_new_request_with_one_token() -> None:
     connector, asynchronously. The landed request is new, starts at its loaded
     tokens, and its one token runs as a decode by the phase rule, in the decode
     batch (the three land together and share one step)."""
-    from tests.v1.core.utils import create_scheduler
+    from sched_harness import create_scheduler
     from vllm.config import KVTransferConfig
 
     h._register_prefix_hit_connector()
@@ -358,7 +358,7 @@ def test_a_landed_kv_load_is_a_new_request_with_one_token() -> None:
 
 def _sub_block_scheduler(sub_block_size: int) -> Any:
     """The RBLN scheduler with sub-blocks of ``sub_block_size`` (blocks of 16, chunks of 16)."""
-    from tests.v1.core.utils import create_scheduler
+    from sched_harness import create_scheduler
 
     return create_scheduler(
         scheduler_cls=h.rbln_scheduler_factory(h.sub_block_settings(sub_block_size)),  # type: ignore[arg-type]

@@ -35,7 +35,7 @@ def make_scheduler(
     kv_connector: Any = None,
     num_spec_tokens: int | None = None,
 ) -> Any:
-    from tests.v1.core.utils import create_scheduler
+    from sched_harness import create_scheduler
 
     return create_scheduler(
         scheduler_cls=h.rbln_scheduler_factory(settings),  # type: ignore[arg-type]
@@ -482,7 +482,7 @@ def test_the_platform_hook_defaults_to_no() -> None:
 
 
 def make_scheduler_with(scheduler_cls: Any, chunk: int = CHUNK, **kwargs: Any) -> Any:
-    from tests.v1.core.utils import create_scheduler
+    from sched_harness import create_scheduler
 
     return create_scheduler(
         scheduler_cls=scheduler_cls,
@@ -731,23 +731,37 @@ def test_hash_keyed_connector_gets_one_key_per_block(settings: dict[str, Any] | 
 
 
 def with_routed_experts(settings: dict[str, Any] | None, chunk: int = CHUNK) -> Any:
-    """The RBLN scheduler with `enable_return_routed_experts=True`, so
-    upstream's scheduler builds its aux-output connector."""
-    from vllm.config import AuxOutputConfig
+    """The RBLN scheduler with `enable_return_routed_experts=True`, where the pin reads it
+    (`upstream_rules.routed_experts_by_block_hash`): `AuxOutputConfig`, so upstream's
+    scheduler builds its aux-output connector (0.31.0 on), or `ModelConfig`, so it builds its
+    `RoutedExpertsManager` (0.30.0; the model given 8 experts, 2 a token, which the manager
+    needs and the harness's OPT config lacks)."""
+    from upstream_rules import routed_experts_by_block_hash
 
     def configure(vllm_config: Any) -> None:
-        vllm_config.aux_output_config = AuxOutputConfig(enable_return_routed_experts=True)
+        if routed_experts_by_block_hash():
+            from vllm.config import AuxOutputConfig
+
+            vllm_config.aux_output_config = AuxOutputConfig(enable_return_routed_experts=True)
+            return
+        model_config = vllm_config.model_config
+        model_config.enable_return_routed_experts = True
+        model_config.model_arch_config.num_experts = 8
+        model_config.model_arch_config.num_experts_per_token = 2
 
     return make_with(settings, configure, chunk)
 
 
 @pytest.mark.parametrize("sub_block_size", [4, 8])
 def test_routed_experts_with_sub_blocks_is_refused(sub_block_size: int) -> None:
-    """The aux-output connector sends `request.block_hashes` to its worker,
-    which files each block's routed experts under one hash per
-    `resolve_kv_cache_block_sizes()` hash block: the KV block, for one group.
-    With sub-block hashes block 0 would be filed under the hash of tokens
-    0-3. Refused at construction, naming the setting and the ways out."""
+    """Routed experts are filed per whole KV block at every pin
+    (`upstream_rules.routed_experts_by_block_hash`). From 0.31.0 the aux-output connector
+    sends `request.block_hashes` to its worker, which files each block's routed experts under
+    one hash per `resolve_kv_cache_block_sizes()` hash block: the KV block, for one group;
+    with sub-block hashes block 0 would be filed under the hash of tokens 0-3. At 0.30.0 the
+    scheduler's `RoutedExpertsManager` keeps them in the slots of the request's own KV blocks:
+    a sub-block hit's tail block is a copy that gets the KV of the hit's tokens and none of
+    their routed experts. Refused at construction, naming the setting and the ways out."""
     from vllm.v1.core.sched.rbln_sub_block import SubBlockCacheConfigError
 
     with pytest.raises(SubBlockCacheConfigError) as error:
@@ -759,19 +773,34 @@ def test_routed_experts_with_sub_blocks_is_refused(sub_block_size: int) -> None:
     "settings", [None, h.sub_block_settings(None, enabled=False)], ids=["chunk-equals-block", "sub-block-off"]
 )
 def test_routed_experts_get_one_hash_per_block(settings: dict[str, Any] | None) -> None:
-    """Where request hashes are one per block, the aux-output connector runs,
-    and what it sends its worker is one hash per block, at the block size the
-    worker resolves (the premise of the refusal above)."""
-    from vllm.v1.core.kv_cache_utils import resolve_kv_cache_block_sizes
+    """Where request hashes are one per block, routed experts run, filed per whole KV block
+    (the premise of the refusal above). From 0.31.0 what the aux-output connector sends its
+    worker is one hash per block, at the block size the worker resolves. At 0.30.0
+    (`upstream_rules`) no hash is sent: the `RoutedExpertsManager` files them by slot at the
+    KV block size, and reads a request's back through the block ids of its KV blocks."""
+    from upstream_rules import routed_experts_by_block_hash
 
     # The whole 40-token prompt in one step (from 0.33.0 the metadata holds the
     # hashes of the blocks scheduled so far).
     scheduler = with_routed_experts(settings, chunk=64)
-    assert scheduler.aux_output_connector is not None
-    assert resolve_kv_cache_block_sizes(scheduler.kv_cache_config, scheduler.vllm_config) == (BLOCK, BLOCK)
     scheduler.add_request(h.make_request("A", prompt(40, seed=1), max_tokens=2, hash_block_size=BLOCK))
-    metadata = scheduler.schedule().aux_output_connector_metadata
-    assert len(list(metadata.block_hashes["A"])) == 40 // BLOCK
+    if routed_experts_by_block_hash():
+        from vllm.v1.core.kv_cache_utils import resolve_kv_cache_block_sizes
+
+        assert scheduler.aux_output_connector is not None
+        assert resolve_kv_cache_block_sizes(scheduler.kv_cache_config, scheduler.vllm_config) == (
+            BLOCK,
+            BLOCK,
+        )
+        metadata = scheduler.schedule().aux_output_connector_metadata
+        assert len(list(metadata.block_hashes["A"])) == 40 // BLOCK
+        return
+    manager = scheduler.routed_experts_mgr
+    assert manager.block_size == BLOCK
+    output = scheduler.schedule()
+    (block_ids,) = output.scheduled_new_reqs[0].block_ids
+    assert len(block_ids) == -(-40 // BLOCK)
+    assert scheduler._re_block_ids["A"] == list(block_ids)
 
 
 def module_path_connector(name: str) -> Any:

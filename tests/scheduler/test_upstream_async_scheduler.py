@@ -47,6 +47,10 @@ def _rbln_create_scheduler(upstream: Any) -> Any:
     def create_scheduler(*args: Any, **kwargs: Any) -> Any:
         if kwargs.get("async_scheduling") and kwargs.get("scheduler_cls") is None:
             kwargs["scheduler_cls"] = h.rbln_scheduler_factory(async_scheduling=True)
+        if not args and kwargs.get("scheduler_cls") is not None:
+            # vLLM's own create_scheduler takes scheduler_cls from 0.31.0 on; the harness's
+            # at every pin.
+            return h.create_scheduler(**kwargs)
         return upstream(*args, **kwargs)
 
     return create_scheduler

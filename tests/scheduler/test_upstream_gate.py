@@ -27,7 +27,7 @@ def cdiv(a: int, b: int) -> int:
 
 
 def upstream(num_spec_tokens: int | None, **kwargs: Any) -> Scheduler:
-    from tests.v1.core.utils import create_scheduler
+    from sched_harness import create_scheduler
 
     if num_spec_tokens:
         kwargs.update(num_speculative_tokens=num_spec_tokens, speculative_method="ngram")
@@ -102,9 +102,11 @@ def test_ungated_allocation_ignores_the_decode_step(decode_step: int) -> None:
 
 def test_async_loads_keep_the_separate_reservation() -> None:
     """For an async KV load upstream's scheduler passes no decode step to the
-    gate and reserves `_spec_decode_step_blocks()` instead; the in-flight
-    reservation helper is unchanged."""
+    gate and reserves `_spec_decode_step_blocks()` instead (from 0.31.0; 0.30.0
+    reserves only the in-flight prefills' blocks: `upstream_rules`); the
+    in-flight reservation helper is unchanged."""
     from tests.v1.core.utils import mock_kv
+    from upstream_rules import async_load_reserves_spec_decode_step
 
     scheduler = upstream(3, use_kv_connector=mock_kv(16, True))
     from tests.v1.core.utils import create_requests
@@ -116,7 +118,8 @@ def test_async_loads_keep_the_separate_reservation() -> None:
     # the gate: it keeps the count it was admitted with, or it could be stranded.
     request.num_computed_tokens = 16
     assert scheduler._admission_decode_step_tokens(request, load_kv_async=False) == 0
-    assert scheduler._async_load_reserved_blocks() == cdiv(1 + 3 + 0, BLOCK)
+    own_step = cdiv(1 + 3 + 0, BLOCK) if async_load_reserves_spec_decode_step() else 0
+    assert scheduler._async_load_reserved_blocks() == own_step
     # A 32-token prompt (16 loaded) is admitted on 2 usable blocks: the gate
     # counts the prompt (2 blocks); the load's own allocation (1 block) fits
     # in free - reserved = 1.

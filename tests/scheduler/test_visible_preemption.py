@@ -25,7 +25,7 @@ def _upstream_mixed_batch() -> tuple[Any, h.Driver]:
     prompt) decodes while "new" (40 tokens, no output yet) prefills in
     16-token chunks; "old" needs a block the prefill took, so FCFS preempts
     "new" before it emitted a token."""
-    from tests.v1.core.utils import create_scheduler
+    from sched_harness import create_scheduler
 
     scheduler = create_scheduler(block_size=16, num_blocks=5, max_num_batched_tokens=16, max_model_len=256)
     driver = h.Driver(scheduler)
@@ -53,7 +53,7 @@ def test_preemptions_before_the_first_token_are_counted() -> None:
 
 def _rbln(threshold: int | None) -> tuple[Any, h.Driver]:
     """The RBLN scheduler, `preemption_warning_threshold` set or default."""
-    from tests.v1.core.utils import create_scheduler
+    from sched_harness import create_scheduler
 
     config: dict[str, Any] = {}
     if threshold is not None:

@@ -12,6 +12,7 @@ import pytest
 
 from vllm_rbln_fork.adopting import ADOPTING, VLLM_RBLN, adoption_patches, apply_adoption_patches
 from vllm_rbln_fork.errors import PatchDoesNotApply, SeriesError
+from vllm_rbln_fork.pins import Pin
 
 
 def _git(cwd: Path, *args: str) -> str:
@@ -105,6 +106,63 @@ def test_the_real_series_names_its_two_patches() -> None:
     # The replaced scheduler goes by name (a deletion patch would carry its every line).
     assert listed.deletions == ("vllm_rbln/v1/core/rbln_scheduler.py",)
     assert all("deleted file mode" not in p.read_text() for p in listed.patches)
+
+
+@pytest.mark.parametrize(
+    ("pin", "names"),
+    [
+        ("0.30.0", ["run-on-the-rbln-build-of-vllm-and-its-scheduler.patch"]),
+        ("0.31.0", ["run-on-the-rbln-build-of-vllm-and-its-scheduler.patch", "port-to-vllm-0.31.0.patch"]),
+        ("0.33.0", ["run-on-the-rbln-build-of-vllm-and-its-scheduler.patch", "port-to-vllm-0.31.0.patch"]),
+    ],
+)
+def test_the_real_series_gates_the_0_31_0_port_on_the_pin(pin: str, names: list[str]) -> None:
+    """vllm-rbln 0.12.0 is built for vLLM 0.30.0: its 0.31.0 port applies from 0.31.0 on only."""
+    listed = adoption_patches(pin=Pin.parse(pin))
+    assert [p.name for p in listed.patches] == names
+    assert listed.gated_off == ((("port-to-vllm-0.31.0.patch", "vllm>=0.31.0"),) if pin == "0.30.0" else ())
+    assert (
+        listed.fingerprint
+        != adoption_patches(pin=Pin.parse("0.30.0" if pin != "0.30.0" else "0.31.0")).fingerprint
+    )
+
+
+def test_a_gated_patch_applies_only_at_the_pins_its_specifier_contains(tmp_path: Path) -> None:
+    release, patches = _release(tmp_path)
+    first, second = sorted(p.name for p in patches.glob("*.patch"))
+    (patches / "series").write_text(f"{first}\n{second}   vllm>=0.31.0,<0.33\n")
+    at_030 = adoption_patches("plugin-1.0", root=patches.parent, pin=Pin.parse("0.30.0"))
+    assert [p.name for p in at_030.patches] == [first]
+    assert at_030.gated_off == ((second, "vllm<0.33,>=0.31.0"),)
+    apply_adoption_patches(release, at_030)
+    assert "plugin.scheduler.Scheduler" in (release / "plugin" / "platform.py").read_text()
+    assert [
+        p.name for p in adoption_patches("plugin-1.0", root=patches.parent, pin=Pin.parse("0.32.0")).patches
+    ] == [
+        first,
+        second,
+    ]
+    assert [
+        p.name for p in adoption_patches("plugin-1.0", root=patches.parent, pin=Pin.parse("0.33.0")).patches
+    ] == [first]
+    assert len(adoption_patches("plugin-1.0", root=patches.parent).patches) == 2  # no pin: the whole series
+
+
+@pytest.mark.parametrize(
+    ("gate", "message"),
+    [
+        ("torch>=2", "a patch's gate is 'vllm<specifier>'"),
+        ("vllm", "a patch's gate is"),
+        ("vllm>=zero", "no PEP 440"),
+    ],
+)
+def test_a_bad_gate_is_refused_by_name(tmp_path: Path, gate: str, message: str) -> None:
+    folder = tmp_path / "plugin-1.0"
+    folder.mkdir()
+    (folder / "a.patch").write_text("")
+    (folder / "series").write_text(f"a.patch {gate}\n")
+    with pytest.raises(SeriesError, match=message):
+        adoption_patches("plugin-1.0", root=tmp_path, pin=Pin.parse("0.30.0"))
 
 
 def test_the_listed_deletions_go_after_the_patches(tmp_path: Path) -> None:

@@ -8,10 +8,11 @@ Made like the parity tier's reference venv (``parity.py``), from hashed locks wi
   proposer import and our pure wheel does not bring;
 * ``vllm-rbln==0.12.0`` from ``requirements/vllm-rbln.lock``, hash-pinned, ``--no-deps`` (its
   own pins name the RBLN device stack, which the tier stubs: ``tests/consumer/rbln_sdk_stubs.py``);
-* the adoption patches (``adopting/vllm-rbln-0.12.0``) applied to what pip unpacked into
-  site-packages (``adopting.apply_adoption_patches``).
+* the adoption patches (``adopting/vllm-rbln-0.12.0``) the pin takes (its ``series`` gates the
+  0.31.0 port on ``vllm>=0.31.0``) applied to what pip unpacked into site-packages
+  (``adopting.apply_adoption_patches``).
 
-Made once per locks, patches and Python; another pin's wheel is swapped in (held exclusively,
+Made once per locks, applied patches and Python; another pin's wheel is swapped in (held exclusively,
 as the scheduler tier's venv is), with no dependency check afterwards: vllm-rbln's own
 requirements (the device stack) are not installed on purpose.
 """
@@ -29,6 +30,7 @@ from .. import log
 from ..adopting import adoption_patches, apply_adoption_patches
 from ..files import made_and_held, sha256_of
 from ..paths import PROJECT_ROOT, cache_root
+from ..pins import Pin
 from .parity import VLLM_RBLN_LOCK
 from .runner import install_lock, install_wheel, make_locked_venv
 
@@ -42,14 +44,14 @@ def site_packages(python: Path) -> Path:
     return python.parent.parent / "lib" / version / "site-packages"
 
 
-def consumer_venv_dir(test_lock: Path) -> Path:
+def consumer_venv_dir(test_lock: Path, pin: Pin) -> Path:
     digest = hashlib.sha256()
     for part in (
         KEY_FORMAT,
         sha256_of(test_lock),
         sha256_of(CONSUMER_LOCK),
         sha256_of(VLLM_RBLN_LOCK),
-        adoption_patches().fingerprint,
+        adoption_patches(pin=pin).fingerprint,
         sys.version,
         sysconfig.get_platform(),
     ):
@@ -58,10 +60,11 @@ def consumer_venv_dir(test_lock: Path) -> Path:
 
 
 @contextmanager
-def consumer_venv(wheel: Path, test_lock: Path) -> Iterator[Path]:
-    """The tier's venv (the module's docstring) with ``wheel`` installed; its Python, held for
-    the ``with`` block alone."""
-    env_dir = consumer_venv_dir(test_lock)
+def consumer_venv(wheel: Path, test_lock: Path, pin: Pin) -> Iterator[Path]:
+    """The tier's venv (the module's docstring) with ``wheel`` (of ``pin``) installed; its
+    Python, held for the ``with`` block alone."""
+    patches = adoption_patches(pin=pin)
+    env_dir = consumer_venv_dir(test_lock, pin)
     python = env_dir / "bin" / "python"
 
     def make(env_dir: Path) -> None:
@@ -70,7 +73,9 @@ def consumer_venv(wheel: Path, test_lock: Path) -> Iterator[Path]:
             install_wheel(python, wheel, test_lock)  # checks the lock satisfies the wheel
             install_lock(python, CONSUMER_LOCK)
             install_lock(python, VLLM_RBLN_LOCK, no_deps=True)
-            apply_adoption_patches(site_packages(python), adoption_patches())
+            for name, gate in patches.gated_off:
+                log.info(f"not applied at {pin}: {name} (its series line says {gate})")
+            apply_adoption_patches(site_packages(python), patches)
             (env_dir / ".wheel-sha256").write_text(sha256_of(wheel))
 
     with made_and_held(env_dir, make, exclusive=True):

@@ -432,7 +432,7 @@ def _run(args: argparse.Namespace, reports: Path) -> int:
             from .consumer import consumer_venv
 
             start = time.perf_counter()
-            with consumer_venv(result.wheel, _test_lock(pin, project)) as consumer_python:
+            with consumer_venv(result.wheel, _test_lock(pin, project), pin) as consumer_python:
                 setup = time.perf_counter() - start
                 timed("consumer", tag, consumer_python, ["tests/consumer"], env, args.pytest_args)
             runs[-1] = TierRun("consumer", tag, runs[-1].seconds + setup, runs[-1].counts)
