@@ -28,6 +28,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -93,7 +94,11 @@ def test_ci_first_job_runs_the_tooling_tier_lint_and_makes_the_matrix(
     assert re.search(r"^[1-9]\d* passed, 0 failed$", tier, re.M), tier[-2000:]
     outputs = job.outputs["matrix"]
     assert json.loads(outputs["test"]) == matrix(Project.default(), "test")
-    assert json.loads(outputs["moving"]) == []
+    # The pins marked moving, read from pins.toml itself (0.30.0 while its move is under way).
+    pins = tomllib.loads((clone / "pins.toml").read_text())["pin"]
+    assert json.loads(outputs["moving"]) == [
+        p for p, entry in pins.items() if entry.get("status") == "moving"
+    ]
 
 
 def _index_of_supported_releases(root: Path) -> Path:
