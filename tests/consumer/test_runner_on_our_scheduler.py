@@ -154,3 +154,35 @@ def test_pp2_the_last_stage_with_two_batches_in_flight() -> None:
     driver.run(200)
     assert driver.finished == {"q0", "q1", "q2", "q3"}
     assert driver.coverage.max_decode_batch == 2, driver.coverage
+
+
+def test_pp2_the_last_stage_with_one_batch_in_flight() -> None:
+    """Pipeline parallelism 2 with one batch in flight (`step`, as the engine core runs it when
+    its batch queue holds one): each step's output comes back before the next is scheduled, so
+    every decode step may take all of max_num_seqs."""
+    driver = rh.drive(rh.build(pipeline_parallel_size=2, max_num_seqs=4))
+    for i in range(4):
+        driver.add(request(f"q{i}", h.distinct_prompt(60 + i, 20), max_tokens=6))
+    driver.run(200)
+    assert driver.finished == {"q0", "q1", "q2", "q3"}
+    assert driver.coverage.max_decode_batch >= 2 and driver.coverage.decode_steps >= 5, driver.coverage
+
+
+def test_a_landed_async_kv_load() -> None:
+    """A connector that holds a block of every prompt and loads it asynchronously over two
+    steps: the request waits holding its blocks, and when the load lands it comes to the runner
+    as a new request whose first 32 tokens are computed, and the runner feeds the rest from
+    there. (The harness has no worker side of the connector: vLLM's `has_kv_transfer_group()` is
+    false in the runner, as on a worker whose connector moves no data; the runner's connector
+    calls are outside this test.)"""
+    from tests.v1.core.utils import mock_kv
+
+    built = rh.build(use_kv_connector=mock_kv(32, True), prefix_caching=False)
+    driver = rh.drive(built, async_load_steps=2)
+    driver.add(request("l", h.distinct_prompt(40, 50), max_tokens=4))
+    driver.run(40)
+    assert driver.finished == {"l"}
+    first = next(s for s in driver.steps if "l" in s.num_scheduled_tokens)
+    assert first.num_computed_before["l"] == 32, first
+    assert driver.steps.index(first) >= 2, "the load landed before its steps"
+    assert driver.coverage.prefill_steps >= 2 and driver.coverage.copies == 0, driver.coverage
