@@ -77,28 +77,97 @@ def attention_layer(spec: Any) -> Any:
     return Layer()
 
 
-_DISTRIBUTED = False
+# The pipeline this process is a stage of: (size, rank), or None before the first build.
+_STAGE: tuple[int, int] | None = None
+# The stage the next build joins as: (port, size, rank).
+_NEXT_STAGE: tuple[int, int, int] | None = None
 
 
-def _init_distributed(vllm_config: Any) -> None:
-    """vLLM's process groups for one process (gloo on 127.0.0.1), as a worker makes them."""
-    global _DISTRIBUTED
-    if _DISTRIBUTED:
-        return
-    from vllm.distributed import ensure_model_parallel_initialized, init_distributed_environment
-
+def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+        return int(probe.getsockname()[1])
+
+
+def join_process_groups(port: int, size: int, rank: int, vllm_config: Any) -> None:
+    """vLLM's process groups for a pipeline of ``size`` processes on 127.0.0.1 (gloo), this one
+    its stage ``rank``, as a worker makes them (tensor parallelism 1, the data parallelism of
+    ``vllm_config``, which every stage must agree on)."""
+    global _STAGE
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed import ensure_model_parallel_initialized, init_distributed_environment
+
     init_distributed_environment(
-        world_size=1,
-        rank=0,
+        world_size=size,
+        rank=rank,
         distributed_init_method=f"tcp://127.0.0.1:{port}",
-        local_rank=0,
+        local_rank=rank,
         backend="gloo",
     )
-    ensure_model_parallel_initialized(1, 1)
-    _DISTRIBUTED = True
+    with set_current_vllm_config(vllm_config):
+        ensure_model_parallel_initialized(1, size)
+    _STAGE = (size, rank)
+
+
+def leave_process_groups() -> None:
+    global _STAGE
+    from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
+
+    destroy_model_parallel()
+    destroy_distributed_environment()
+    _STAGE = None
+
+
+def _join_for_build(vllm_config: Any) -> None:
+    global _NEXT_STAGE
+    if _NEXT_STAGE is not None:
+        if _STAGE is not None:
+            leave_process_groups()
+        port, size, rank = _NEXT_STAGE
+        _NEXT_STAGE = None
+        join_process_groups(port, size, rank, vllm_config)
+    elif _STAGE is None:
+        join_process_groups(free_port(), 1, 0, vllm_config)
+
+
+@contextmanager
+def first_of_two_pipeline_stages() -> Iterator[None]:
+    """The runner built inside this block is the first stage of a two-stage pipeline (a non-last
+    stage: vLLM's `get_pp_group().is_last_rank` is false there); the last stage is a peer
+    process that only joins the process groups (`pipeline_peer.py`). The runner reads which
+    stage it is from the groups, and nothing sends it a tensor (the forward is the stand-in).
+    Afterwards this process is a pipeline of one again."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    global _NEXT_STAGE
+    port = free_port()
+    # The peer on vLLM's CPU platform (no plugin): it needs a default config to make the
+    # groups, which vllm-rbln's platform refuses without a model; process groups over gloo
+    # do not depend on the platform.
+    env = {**os.environ, "VLLM_PLUGINS": "", "VLLM_TARGET_DEVICE": "cpu"}
+    peer = subprocess.Popen(
+        [sys.executable, str(Path(__file__).with_name("pipeline_peer.py")), str(port), "2", "1"],
+        stdin=subprocess.PIPE,
+        env=env,
+    )
+    _NEXT_STAGE = (port, 2, 0)
+    try:
+        yield
+    finally:
+        joined = _STAGE == (2, 0)
+        _NEXT_STAGE = None
+        if joined:
+            leave_process_groups()
+            assert peer.stdin is not None
+            peer.stdin.close()  # the peer leaves the groups and exits
+            peer.wait(timeout=120)
+        else:  # the build failed before it joined: the peer waits for a stage that never comes
+            peer.kill()
+            peer.wait()
+    assert not joined or peer.returncode == 0, f"the pipeline's last stage exited {peer.returncode}"
 
 
 @dataclass
@@ -180,7 +249,7 @@ def build(
     )
     forward = Forward()
     with set_current_vllm_config(vllm_config):
-        _init_distributed(vllm_config)
+        _join_for_build(vllm_config)
         runner = RBLNModelRunner(vllm_config, torch.device("cpu"))
         runner.initialize_kv_cache(kv_cache_config)
     # With host tensors the KV cache is the compiled runtime's device memory, which the runner
@@ -203,6 +272,7 @@ class Coverage:
     draft_rows: int = 0
     discarded_rows: int = 0
     max_decode_batch: int = 0
+    non_last_stage_steps: int = 0  # steps the runner ran as a non-last pipeline stage
 
 
 def _kv(runner: Any) -> tuple[torch.Tensor, int]:
@@ -351,6 +421,14 @@ def run_step(built: Built, batch: Any, coverage: Coverage) -> None:
         assert bool(runner.discard_request_mask[row]) == (not samples), f"{req_id}: the discard mask"
         coverage.discarded_rows += not samples
 
+    from vllm.distributed import get_pp_group
+
+    if not get_pp_group().is_last_rank:
+        # A non-last stage samples nothing (its worker sends the hidden states on): the tokens
+        # the last stage sampled come back in the next steps' `new_token_ids`, which the input
+        # ids above were checked against.
+        coverage.non_last_stage_steps += 1
+        return
     # Bookkeeping: the tokens the simulated model sampled, as the sampler returns them.
     sampled = dict(zip(batch.req_ids, batch.sampled, strict=True))
     width = max(len(drafts.get(r, ())) for r in batch_ids) + 1

@@ -186,3 +186,58 @@ def test_a_landed_async_kv_load() -> None:
     assert first.num_computed_before["l"] == 32, first
     assert driver.steps.index(first) >= 2, "the load landed before its steps"
     assert driver.coverage.prefill_steps >= 2 and driver.coverage.copies == 0, driver.coverage
+
+
+@pytest.mark.parametrize("in_flight", [1, 2])
+def test_pp2_a_non_last_stage(in_flight: int) -> None:
+    """Pipeline parallelism 2, the runner as the first stage, which is not the last (a peer
+    process is the last stage): it samples nothing and builds each decode's input from the
+    tokens the scheduler sends back (`new_token_ids`), which every step checks against the
+    request's real tokens."""
+    with rh.first_of_two_pipeline_stages():
+        built = rh.build(pipeline_parallel_size=2, max_num_seqs=4)
+        driver = rh.drive(built, max_in_flight=in_flight)
+        for i in range(4):
+            driver.add(request(f"q{i}", h.distinct_prompt(70 + i, 20), max_tokens=6))
+        driver.run(200)
+    assert driver.finished == {"q0", "q1", "q2", "q3"}
+    cov = driver.coverage
+    assert cov.decode_steps >= 5 and cov.non_last_stage_steps == cov.prefill_steps + cov.decode_steps, cov
+
+
+def test_pp2_a_non_last_stage_with_ngram_drafts() -> None:
+    """As above with ngram drafts (k=3, some accepted) and two batches in flight: each payload
+    the scheduler sends back starts before the computed count by the drafts a verify may have
+    accepted (docs/runner-contract.md, section 4), and the runner's input ids still match."""
+    accepted = {"d0": 0, "d1": 2, "d2": 3}
+    with rh.first_of_two_pipeline_stages():
+        built = rh.build(
+            pipeline_parallel_size=2, max_num_seqs=4, num_speculative_tokens=3, speculative_method="ngram"
+        )
+        driver = rh.drive(built, max_in_flight=2, accept=lambda req_id, n: accepted[req_id])
+        for i in range(3):
+            driver.add(request(f"d{i}", h.distinct_prompt(80 + i, 20), max_tokens=14))
+        driver.run(300)
+    assert driver.finished == {"d0", "d1", "d2"}
+    assert driver.coverage.draft_rows >= 6 and driver.coverage.non_last_stage_steps > 0, driver.coverage
+
+
+def test_a_short_payload_to_a_non_last_stage_is_caught() -> None:
+    """The checks can fail on a non-last stage: the drafts workload with every payload the
+    scheduler sends back cut to its last token (a stage that misses the drafts a verify accepted
+    feeds stale tokens)."""
+
+    def last_token_only(output: Any) -> None:
+        cached = output.scheduled_cached_reqs
+        cached.new_token_ids = [ids[-1:] for ids in cached.new_token_ids]
+
+    accepted = {"d0": 0, "d1": 2, "d2": 3}
+    with rh.first_of_two_pipeline_stages():
+        built = rh.build(
+            pipeline_parallel_size=2, max_num_seqs=4, num_speculative_tokens=3, speculative_method="ngram"
+        )
+        driver = rh.drive(built, max_in_flight=2, accept=lambda req_id, n: accepted[req_id], tamper=last_token_only)
+        for i in range(3):
+            driver.add(request(f"d{i}", h.distinct_prompt(80 + i, 20), max_tokens=14))
+        with pytest.raises(AssertionError, match="input ids"):
+            driver.run(300)
