@@ -236,7 +236,9 @@ def test_a_short_payload_to_a_non_last_stage_is_caught() -> None:
         built = rh.build(
             pipeline_parallel_size=2, max_num_seqs=4, num_speculative_tokens=3, speculative_method="ngram"
         )
-        driver = rh.drive(built, max_in_flight=2, accept=lambda req_id, n: accepted[req_id], tamper=last_token_only)
+        driver = rh.drive(
+            built, max_in_flight=2, accept=lambda req_id, n: accepted[req_id], tamper=last_token_only
+        )
         for i in range(3):
             driver.add(request(f"d{i}", h.distinct_prompt(80 + i, 20), max_tokens=14))
         with pytest.raises(AssertionError, match="input ids"):
