@@ -199,13 +199,31 @@ def run(
     job = {"model": str(model), "prompts": prompts, "max_tokens": max_tokens, "overrides": overrides,
            "batches": batches, "kv_events": kv_events, "arrivals": arrivals,
            "priorities": priorities or [0] * len(prompts)}  # fmt: skip
+    started = time.perf_counter()
     code, output, data = _zygote(site).run(job)
+    _record_run(job, site, time.perf_counter() - started, data)
     if code != 0 or data is None:
         raise AssertionError(
             f"the engine run failed (exit {code}) with {overrides}:\n" + "\n".join(output.splitlines()[-60:])
         )
     data["admissions"] = [Admission(**a) for a in data["admissions"]]
     return Outcome(**data, log=output)
+
+
+def _record_run(job: dict[str, Any], site: Path | None, wall: float, data: dict[str, Any] | None) -> None:
+    """With ``ENGINE_RUNS_LOG`` set, one JSON line a run: the test, the job's key, the run's
+    wall time (engine start and generate) and generate's alone (for measuring the tier)."""
+    path = os.environ.get("ENGINE_RUNS_LOG")
+    if not path:
+        return
+    import hashlib
+
+    key = hashlib.sha256(json.dumps([{**job, "model": ""}, bool(site)], sort_keys=True, default=str).encode()).hexdigest()[:12]
+    line = {"test": os.environ.get("PYTEST_CURRENT_TEST", ""), "key": key, "wall": round(wall, 2),
+            "generate": round((data or {}).get("seconds", 0.0), 2), "pid": os.getpid(),
+            "at": round(time.time(), 1), "site": str(site) if site else ""}  # fmt: skip
+    with open(path, "a") as f:
+        f.write(json.dumps(line) + "\n")
 
 
 class Zygote:
