@@ -52,4 +52,6 @@ def rbln_wheel_installed() -> str:
 
 @pytest.fixture(scope="session")
 def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return engine_kit.make_model(tmp_path_factory.mktemp("tiny-llama"))
+    """Made once a run: the pytest workers (xdist) share their base temp's parent."""
+    base = tmp_path_factory.getbasetemp()
+    return engine_kit.shared_model(base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base)

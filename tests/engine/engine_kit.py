@@ -149,11 +149,15 @@ def variant_site(patch: Path, dest: Path) -> Path:
     spec = importlib.util.find_spec("vllm")
     assert spec is not None and spec.submodule_search_locations
     installed = Path(next(iter(spec.submodule_search_locations)))
-    shutil.copytree(installed, dest / "vllm", copy_function=os.symlink,
-                    ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
+    # The installed bytecode is linked too: a linked source's stat is the installed file's, so
+    # its .pyc stays valid, and the variant's zygote imports vLLM as fast as the installed
+    # one's (without them it compiled every module again: 10-30 s a variant here).
+    shutil.copytree(installed, dest / "vllm", copy_function=os.symlink)
     for name in re.findall(r"^\+\+\+ b/(\S+)$", patch.read_text(), re.M):
         target = dest / name
         target.unlink(missing_ok=True)  # a file the patch creates is not there yet
+        for stale in (target.parent / "__pycache__").glob(f"{target.stem}.*.pyc"):
+            stale.unlink()  # the patched file's bytecode is compiled afresh
         if (installed.parent / name).exists():
             shutil.copyfile(installed.parent / name, target)
     # No repository above ``dest``: inside one, git apply skips, silently, every path outside
@@ -199,13 +203,33 @@ def run(
     job = {"model": str(model), "prompts": prompts, "max_tokens": max_tokens, "overrides": overrides,
            "batches": batches, "kv_events": kv_events, "arrivals": arrivals,
            "priorities": priorities or [0] * len(prompts)}  # fmt: skip
+    started = time.perf_counter()
     code, output, data = _zygote(site).run(job)
+    _record_run(job, site, time.perf_counter() - started, data)
     if code != 0 or data is None:
         raise AssertionError(
             f"the engine run failed (exit {code}) with {overrides}:\n" + "\n".join(output.splitlines()[-60:])
         )
     data["admissions"] = [Admission(**a) for a in data["admissions"]]
     return Outcome(**data, log=output)
+
+
+def _record_run(job: dict[str, Any], site: Path | None, wall: float, data: dict[str, Any] | None) -> None:
+    """With ``ENGINE_RUNS_LOG`` set, one JSON line a run: the test, the job's key, the run's
+    wall time (engine start and generate) and generate's alone (for measuring the tier)."""
+    path = os.environ.get("ENGINE_RUNS_LOG")
+    if not path:
+        return
+    import hashlib
+
+    key = hashlib.sha256(
+        json.dumps([{**job, "model": ""}, bool(site)], sort_keys=True, default=str).encode()
+    ).hexdigest()[:12]
+    line = {"test": os.environ.get("PYTEST_CURRENT_TEST", ""), "key": key, "wall": round(wall, 2),
+            "generate": round((data or {}).get("seconds", 0.0), 2), "pid": os.getpid(),
+            "at": round(time.time(), 1), "site": str(site) if site else ""}  # fmt: skip
+    with open(path, "a") as f:
+        f.write(json.dumps(line) + "\n")
 
 
 class Zygote:
@@ -312,7 +336,7 @@ def _serve_forks() -> None:
                 os.dup2(fd, 2)
                 devnull = os.open(os.devnull, os.O_RDONLY)
                 os.dup2(devnull, 0)
-                data = _run_here(job)
+                data = _make_model_here(job) if "make_model" in job else _run_here(job)
                 Path(job["result"]).write_text(json.dumps(data))
                 code = 0
             except BaseException:
@@ -328,6 +352,29 @@ def _serve_forks() -> None:
                 os._exit(code)
         _, status = os.waitpid(pid, 0)
         print(EXITED + str(os.waitstatus_to_exitcode(status)), flush=True)
+
+
+def _make_model_here(job: dict[str, Any]) -> dict[str, Any]:
+    make_model(Path(job["make_model"]))
+    return {}
+
+
+def shared_model(base: Path) -> Path:
+    """The tiny model in ``base/tiny-llama``, made once for every test process that shares
+    ``base`` (the pytest workers of one run), in a child of the zygote (torch is imported
+    there already; each worker importing torch and transformers to make its own cost about
+    50 s of a worker's time under load)."""
+    import fcntl
+
+    dest = base / "tiny-llama"
+    with (base / "tiny-llama.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (dest / "made").exists():
+            code, output, data = _zygote(None).run({"make_model": str(dest)})
+            if code != 0 or data is None:
+                raise AssertionError(f"making the tiny model failed (exit {code}):\n{output[-4000:]}")
+            (dest / "made").write_text("")
+    return dest
 
 
 def _run_here(job: dict[str, Any]) -> dict[str, Any]:
