@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -280,25 +281,26 @@ class Zygote:
         ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
         line = self.proc.stdout.readline() if ready else ""
         if not line.startswith(EXITED):
-            self.stop()
+            self.stop(keep_logs=True)  # its logs are read below, then removed
             code = -1 if ready else -9
             why = "" if ready else f"no result in {timeout} s; killed\n"
             zygote = (self.work / "zygote.log").read_text(errors="replace")
             output = log.read_text(errors="replace") if log.exists() else ""
+            shutil.rmtree(self.work, ignore_errors=True)
             return code, why + zygote + output, None
         output = log.read_text(errors="replace")
         data = json.loads(result.read_text()) if result.exists() else None
         return int(line.removeprefix(EXITED)), output, data
 
-    def stop(self) -> None:
-        import shutil
+    def stop(self, *, keep_logs: bool = False) -> None:
         import signal
 
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
         _ZYGOTES.pop(next((k for k, v in _ZYGOTES.items() if v is self), None), None)
-        shutil.rmtree(self.work, ignore_errors=True)
+        if not keep_logs:
+            shutil.rmtree(self.work, ignore_errors=True)
 
 
 EXITED = "ENGINE-EXITED "
@@ -317,7 +319,14 @@ def _zygote(site: Path | None) -> Zygote:
 
 def _serve_forks() -> None:
     """The zygote's loop (``--zygote``): vLLM imported once, then a fork a job (one JSON line
-    on stdin), each child's output in the job's log; one ``ENGINE-EXITED <code>`` line back."""
+    on stdin), each child's output in the job's log; one ``ENGINE-EXITED <code>`` line back.
+
+    The answer line has stdout to itself: fd 1 is pointed at stderr (the zygote's log) before
+    vLLM is imported, since vLLM logs to stdout and 0.30.0 logs at import (triton_utils'
+    "Triton is installed but 0 active driver(s) found"), which the caller would read as the
+    answer."""
+    answers = os.fdopen(os.dup(1), "w")  # not inherited across exec (os.dup is non-inheritable)
+    os.dup2(2, 1)
     import counting_scheduler  # noqa: F401  (vllm's scheduler modules, as every engine loads them)
     import vllm  # noqa: F401
     from vllm import LLM, SamplingParams  # noqa: F401
@@ -351,7 +360,7 @@ def _serve_forks() -> None:
                 sys.stderr.flush()
                 os._exit(code)
         _, status = os.waitpid(pid, 0)
-        print(EXITED + str(os.waitstatus_to_exitcode(status)), flush=True)
+        print(EXITED + str(os.waitstatus_to_exitcode(status)), file=answers, flush=True)
 
 
 def _make_model_here(job: dict[str, Any]) -> dict[str, Any]:
