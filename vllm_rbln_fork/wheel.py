@@ -121,9 +121,10 @@ def repack_pure(raw: Path, version: str, epoch: int, manifest: BuildManifest, ou
 
     vLLM tags even a kernel-less build for one CPython and platform; we check that it
     really is pure and say so in the tag, so one wheel serves every server. The entries
-    are laid out as :func:`pack_wheel` lays them out (the same bytes), but the ones kept
-    as they are are copied still deflated, not extracted and deflated again: each is
-    inflated only to check its CRC and hash it for RECORD.
+    are laid out as :func:`pack_wheel` lays them out (the same bytes). A stored entry (the
+    setuptools build writes its wheel stored: :func:`build_wheel`) is deflated here, once; a
+    deflated one (another backend's) is copied still deflated, not extracted and deflated
+    again. Each is read once, its CRC checked, and hashed for RECORD.
     """
     with zipfile.ZipFile(raw) as zf, raw.open("rb") as raw_file:
         infos = {i.filename: i for i in zf.infolist() if not i.is_dir()}
