@@ -154,6 +154,7 @@ def carry_step(repo: Repo, head: str, item: Applied, pin: Pin, scratch: Path) ->
         return Step(StepKind.DROPPED, reason=reason)
     if patch.is_backport and _reverse_applies(repo, head, patch, scratch):
         return Step(StepKind.UPSTREAMED, reason=_detected_reason(patch, pin, "it reverse-applies"))
+    conflicts: list[str]
     if item.parent and item.parent == head:  # the base pin: the 3-way merge would give item.tree
         tree, conflicts = item.tree, []
     else:
