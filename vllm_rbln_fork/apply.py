@@ -26,6 +26,11 @@ from .upstream import Upstream
 class Applied:
     patch: Patch
     commit: str
+    # What commit_series_on made it from: its parent and its tree ("" where not known). A
+    # carry onto that very parent needs no 3-way merge: the merge of ``commit`` onto
+    # ``commit^`` with base ``commit^`` is ``commit``'s own tree, without conflicts.
+    parent: str = ""
+    tree: str = ""
 
 
 @dataclass(frozen=True)
@@ -79,8 +84,8 @@ def commit_series_on(repo: Repo, base: Upstream, series: Series, scratch: Path) 
                 f"{base.pin}' at the last good state, fix it there and export again."
             )
         tree = repo.out("write-tree", env=env).strip()
-        head = repo.commit_tree(tree, [head], patch.message, patch_identity(patch))
-        built.append(Applied(patch, head))
+        parent, head = head, repo.commit_tree(tree, [head], patch.message, patch_identity(patch))
+        built.append(Applied(patch, head, parent, tree))
     return built
 
 
@@ -149,7 +154,11 @@ def carry_step(repo: Repo, head: str, item: Applied, pin: Pin, scratch: Path) ->
         return Step(StepKind.DROPPED, reason=reason)
     if patch.is_backport and _reverse_applies(repo, head, patch, scratch):
         return Step(StepKind.UPSTREAMED, reason=_detected_reason(patch, pin, "it reverse-applies"))
-    tree, conflicts = _three_way(repo, head, item.commit)
+    conflicts: list[str]
+    if item.parent and item.parent == head:  # the base pin: the 3-way merge would give item.tree
+        tree, conflicts = item.tree, []
+    else:
+        tree, conflicts = _three_way(repo, head, item.commit)
     if conflicts:
         return Step(StepKind.CONFLICT, tree, tuple(conflicts))
     if tree == repo.tree_of(head):

@@ -12,6 +12,7 @@ import sys
 import tempfile
 import time
 import zipfile
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
@@ -47,28 +48,65 @@ def build_env(version: str, epoch: int) -> dict[str, str]:
 
 
 def build_wheel(tree: Path, version: str, epoch: int, manifest: BuildManifest, out_dir: Path) -> Path:
-    """Build ``tree`` with vLLM's own setup.py (no kernels), then make it the wheel we ship."""
+    """Build ``tree`` with vLLM's own setup.py (no kernels), then make it the wheel we ship.
+
+    The backend's ``build_wheel`` hook is called as ``python -m build --wheel --no-isolation
+    --skip-dependency-check`` calls it (pyproject_hooks, in a subprocess of its own), without
+    that front end's own interpreter; and a setuptools backend writes its wheel uncompressed
+    (``--compression=stored``), since :func:`repack_pure` deflates every entry anyway: each
+    file is deflated once, as in a plain ``pip wheel``, not deflated, inflated and copied."""
+    from pyproject_hooks import BackendUnavailable, BuildBackendHookCaller, HookMissing
+
+    backend, backend_path = _build_backend(tree)
+    env = build_env(version, epoch)
+    hint = "vLLM's setup.py failed on the patched tree; its output is above."
+
+    def runner(
+        cmd: Sequence[str], cwd: str | None = None, extra_environ: Mapping[str, str] | None = None
+    ) -> None:
+        proc.run(cmd, cwd=Path(cwd) if cwd else tree, env={**env, **(extra_environ or {})}, hint=hint)
+
+    # --skip-dependency-check, as before: the build lock holds what an empty build uses, not
+    # cmake and ninja (vLLM's build-system.requires), which only compile kernels; nor torch
+    # 2.14.0, which 0.33.0 requires to build (the empty build reads only the version of the
+    # local CPU torch 2.13.0). So no get_requires_for_build_wheel hook is called.
+    settings = {"--build-option": ["--compression=stored"]} if backend.startswith("setuptools.") else None
     old_umask = os.umask(0o022)
     try:
         with tempfile.TemporaryDirectory(prefix="wheel-", dir=out_dir) as tmp:
             raw_dir = Path(tmp) / "raw"
-            proc.run(
-                # --skip-dependency-check: the build lock holds what an empty build uses, not
-                # cmake and ninja (vLLM's build-system.requires), which only compile kernels;
-                # nor torch 2.14.0, which 0.33.0 requires to build (the empty build reads only
-                # the version of the local CPU torch 2.13.0).
-                [
-                    *(sys.executable, "-m", "build", "--wheel", "--no-isolation", "--skip-dependency-check"),
-                    *("--outdir", raw_dir, tree),
-                ],
-                env=build_env(version, epoch),
-                cwd=tree,
-                hint="vLLM's setup.py failed on the patched tree; its output is above.",
+            raw_dir.mkdir()
+            caller = BuildBackendHookCaller(
+                str(tree), backend, backend_path, runner=runner, python_executable=sys.executable
             )
+            try:
+                caller.build_wheel(str(raw_dir), settings)
+            except (BackendUnavailable, HookMissing) as exc:
+                raise WheelError(
+                    f"the patched tree's build backend {backend!r} cannot build a wheel here ({exc}); "
+                    f"the tool env's lock (requirements/build.lock) must hold it."
+                ) from None
             raw = _single_wheel(raw_dir)
             return repack_pure(raw, version, epoch, manifest, out_dir)
     finally:
         os.umask(old_umask)
+
+
+def _build_backend(tree: Path) -> tuple[str, list[str] | None]:
+    """``tree``'s PEP 517 backend and backend-path, as ``build`` reads them from pyproject.toml
+    (setuptools' legacy backend where it names none, or has no pyproject.toml)."""
+    import tomllib
+
+    pyproject = tree / "pyproject.toml"
+    try:
+        system = tomllib.loads(pyproject.read_text(encoding="utf-8")).get("build-system", {})
+    except FileNotFoundError:
+        system = {}
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise WheelError(f"cannot read the patched tree's pyproject.toml ({exc}).") from None
+    backend = system.get("build-backend") or "setuptools.build_meta:__legacy__"
+    path = system.get("backend-path")
+    return str(backend), [str(p) for p in path] if isinstance(path, list) else None
 
 
 def _single_wheel(directory: Path) -> Path:
@@ -83,9 +121,10 @@ def repack_pure(raw: Path, version: str, epoch: int, manifest: BuildManifest, ou
 
     vLLM tags even a kernel-less build for one CPython and platform; we check that it
     really is pure and say so in the tag, so one wheel serves every server. The entries
-    are laid out as :func:`pack_wheel` lays them out (the same bytes), but the ones kept
-    as they are are copied still deflated, not extracted and deflated again: each is
-    inflated only to check its CRC and hash it for RECORD.
+    are laid out as :func:`pack_wheel` lays them out (the same bytes). A stored entry (the
+    setuptools build writes its wheel stored: :func:`build_wheel`) is deflated here, once; a
+    deflated one (another backend's) is copied still deflated, not extracted and deflated
+    again. Each is read once, its CRC checked, and hashed for RECORD.
     """
     with zipfile.ZipFile(raw) as zf, raw.open("rb") as raw_file:
         infos = {i.filename: i for i in zf.infolist() if not i.is_dir()}

@@ -11,9 +11,11 @@ from pathlib import Path
 
 from ..errors import ForkError
 from ..urls import redact
-from . import folder, upload
 from .result import PublishResult, is_url
-from .wheelfacts import read_wheel
+
+# folder, upload and wheelfacts (pypi_simple, requests, bs4, pydantic: a third of a second)
+# are imported where they run: ``build.py --pin`` imports .result for every build, and a
+# cache hit must not pay for an index client it does not use.
 
 __all__ = ["PublishResult", "publish", "yank"]
 
@@ -30,6 +32,9 @@ def publish(
     Credentials come from ``TWINE_USERNAME``/``TWINE_PASSWORD`` or keyring, never
     from the URL or the command line.
     """
+    from . import folder, upload
+    from .wheelfacts import read_wheel
+
     facts = read_wheel(wheel)
     if is_url(dest):
         return upload.publish_upload(wheel, facts, dest, index_url, new_project=new_project)
@@ -47,4 +52,6 @@ def yank(dest: str, filename: str, reason: str) -> None:
             f"yanking on an index server ({redact(dest)}) is done with the server's own tools "
             f"(its web UI or API); this command yanks in a static folder index."
         )
+    from . import folder
+
     folder.yank(Path(dest), filename, reason)
