@@ -55,6 +55,8 @@ def build_wheel(tree: Path, version: str, epoch: int, manifest: BuildManifest, o
     that front end's own interpreter; and a setuptools backend writes its wheel uncompressed
     (``--compression=stored``), since :func:`repack_pure` deflates every entry anyway: each
     file is deflated once, as in a plain ``pip wheel``, not deflated, inflated and copied."""
+    # pyproject_hooks (what ``build`` calls the hooks with), not ``build.ProjectBuilder``:
+    # inside this project's tool process ``import build`` finds the repository's build.py.
     from pyproject_hooks import BackendUnavailable, BuildBackendHookCaller, HookMissing
 
     backend, backend_path = _build_backend(tree)
