@@ -25,6 +25,7 @@ import socket
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 import sched_harness as h
@@ -97,15 +98,21 @@ def join_process_groups(port: int, size: int, rank: int, vllm_config: Any) -> No
     from vllm.config import set_current_vllm_config
     from vllm.distributed import ensure_model_parallel_initialized, init_distributed_environment
 
-    init_distributed_environment(
-        world_size=size,
-        rank=rank,
-        distributed_init_method=f"tcp://127.0.0.1:{port}",
-        local_rank=rank,
-        backend="gloo",
-    )
-    with set_current_vllm_config(vllm_config):
-        ensure_model_parallel_initialized(1, size)
+    try:
+        init_distributed_environment(
+            world_size=size,
+            rank=rank,
+            distributed_init_method=f"tcp://127.0.0.1:{port}",
+            local_rank=rank,
+            backend="gloo",
+            timeout=timedelta(seconds=120),  # a stage that never comes fails the join, not hangs
+        )
+        # The groups read data parallelism from the config: none, in every stage.
+        with set_current_vllm_config(vllm_config):
+            ensure_model_parallel_initialized(1, size)
+    except BaseException:
+        leave_process_groups()  # nothing half-made for the next build to trip on
+        raise
     _STAGE = (size, rank)
 
 
@@ -159,14 +166,16 @@ def first_of_two_pipeline_stages() -> Iterator[None]:
     finally:
         joined = _STAGE == (2, 0)
         _NEXT_STAGE = None
+        assert peer.stdin is not None
+        peer.stdin.close()  # the peer leaves the groups and exits
         if joined:
             leave_process_groups()
-            assert peer.stdin is not None
-            peer.stdin.close()  # the peer leaves the groups and exits
-            peer.wait(timeout=120)
-        else:  # the build failed before it joined: the peer waits for a stage that never comes
+        try:
+            peer.wait(timeout=120 if joined else 5)
+        except subprocess.TimeoutExpired:  # never joined, or stuck leaving: not left behind
             peer.kill()
             peer.wait()
+            joined = False
     assert not joined or peer.returncode == 0, f"the pipeline's last stage exited {peer.returncode}"
 
 
@@ -424,9 +433,9 @@ def run_step(built: Built, batch: Any, coverage: Coverage) -> None:
     from vllm.distributed import get_pp_group
 
     if not get_pp_group().is_last_rank:
-        # A non-last stage samples nothing (its worker sends the hidden states on): the tokens
-        # the last stage sampled come back in the next steps' `new_token_ids`, which the input
-        # ids above were checked against.
+        # A non-last stage's worker sends the hidden states on and takes no sampled tokens
+        # (no `_bookkeeping_sync` to check): the tokens the last stage sampled come back in the
+        # next steps' `new_token_ids`, which the input ids above were checked against.
         coverage.non_last_stage_steps += 1
         return
     # Bookkeeping: the tokens the simulated model sampled, as the sampler returns them.

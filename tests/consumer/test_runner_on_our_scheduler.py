@@ -191,7 +191,7 @@ def test_a_landed_async_kv_load() -> None:
 @pytest.mark.parametrize("in_flight", [1, 2])
 def test_pp2_a_non_last_stage(in_flight: int) -> None:
     """Pipeline parallelism 2, the runner as the first stage, which is not the last (a peer
-    process is the last stage): it samples nothing and builds each decode's input from the
+    process is the last stage): it takes no sampled tokens and builds each decode's input from the
     tokens the scheduler sends back (`new_token_ids`), which every step checks against the
     request's real tokens."""
     with rh.first_of_two_pipeline_stages():
