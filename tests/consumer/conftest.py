@@ -20,6 +20,7 @@ import fnmatch
 import os
 import sys
 import tomllib
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -77,3 +78,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def _require_source_tree() -> None:
     if _SETUP_ERROR is not None:
         pytest.fail(_SETUP_ERROR, pytrace=False)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _pipeline_peer() -> Iterator[None]:
+    """The pipelines' last stage (`runner_harness.PipelinePeer`) lives for the run: it exits
+    cleanly at the end."""
+    yield
+    import runner_harness
+
+    runner_harness.stop_pipeline_peer()

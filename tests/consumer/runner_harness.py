@@ -21,11 +21,16 @@ tokens bookkeeping keeps.
 
 from __future__ import annotations
 
+import os
+import select
 import socket
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import sched_harness as h
@@ -137,46 +142,95 @@ def _join_for_build(vllm_config: Any) -> None:
         join_process_groups(free_port(), 1, 0, vllm_config)
 
 
+class PipelinePeer:
+    """The last stage of the pipelines (`pipeline_peer.py`): one process for the whole test run,
+    told on its standard input to join and leave, answering on a pipe of its own."""
+
+    TIMEOUT = 120.0  # as the join's: a stage that never comes fails, not hangs
+
+    def __init__(self) -> None:
+        answers, answer_fd = os.pipe()
+        # On vLLM's CPU platform (no plugin): it needs a default config to make the groups,
+        # which vllm-rbln's platform refuses without a model; process groups over gloo do not
+        # depend on the platform.
+        env = {**os.environ, "VLLM_PLUGINS": "", "VLLM_TARGET_DEVICE": "cpu"}
+        self.process = subprocess.Popen(
+            [sys.executable, str(Path(__file__).with_name("pipeline_peer.py")), str(answer_fd)],
+            stdin=subprocess.PIPE,
+            env=env,
+            pass_fds=(answer_fd,),
+            text=True,
+        )
+        os.close(answer_fd)
+        self.answers = os.fdopen(answers)
+
+    def send(self, command: str) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write(command + "\n")
+        self.process.stdin.flush()
+
+    def expect(self, answer: str) -> None:
+        ready, _, _ = select.select([self.answers], [], [], self.TIMEOUT)
+        line = self.answers.readline().strip() if ready else "(nothing in 120 s)"
+        if line != answer:
+            raise AssertionError(
+                f"the pipeline's last stage answered {line!r} where {answer!r} was due"
+                f" (exit code {self.process.poll()})"
+            )
+
+    def stop(self) -> int:
+        """Closes its standard input (it exits) and reaps it, killed if it does not exit."""
+        assert self.process.stdin is not None
+        self.process.stdin.close()
+        try:
+            self.process.wait(timeout=self.TIMEOUT)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.answers.close()
+        return self.process.returncode
+
+
+_PEER: PipelinePeer | None = None
+
+
+def stop_pipeline_peer() -> None:
+    """The end of the test run (conftest): the peer, if one was started, exits cleanly."""
+    global _PEER
+    if _PEER is not None:
+        peer, _PEER = _PEER, None
+        code = peer.stop()
+        assert code == 0, f"the pipeline's last stage exited {code}"
+
+
 @contextmanager
 def first_of_two_pipeline_stages() -> Iterator[None]:
     """The runner built inside this block is the first stage of a two-stage pipeline (a non-last
     stage: vLLM's `get_pp_group().is_last_rank` is false there); the last stage is a peer
-    process that only joins the process groups (`pipeline_peer.py`). The runner reads which
-    stage it is from the groups, and nothing sends it a tensor (the forward is the stand-in).
+    process that only joins the process groups (`PipelinePeer`). The runner reads which stage
+    it is from the groups, and nothing sends it a tensor (the forward is the stand-in).
     Afterwards this process is a pipeline of one again."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    global _NEXT_STAGE
+    global _NEXT_STAGE, _PEER
+    if _PEER is None:
+        _PEER = PipelinePeer()
+    peer = _PEER
     port = free_port()
-    # The peer on vLLM's CPU platform (no plugin): it needs a default config to make the
-    # groups, which vllm-rbln's platform refuses without a model; process groups over gloo
-    # do not depend on the platform.
-    env = {**os.environ, "VLLM_PLUGINS": "", "VLLM_TARGET_DEVICE": "cpu"}
-    peer = subprocess.Popen(
-        [sys.executable, str(Path(__file__).with_name("pipeline_peer.py")), str(port), "2", "1"],
-        stdin=subprocess.PIPE,
-        env=env,
-    )
+    peer.send(f"join {port}")
     _NEXT_STAGE = (port, 2, 0)
     try:
         yield
     finally:
         joined = _STAGE == (2, 0)
         _NEXT_STAGE = None
-        assert peer.stdin is not None
-        peer.stdin.close()  # the peer leaves the groups and exits
         if joined:
+            peer.expect("joined")
+            peer.send("leave")
             leave_process_groups()
-        try:
-            peer.wait(timeout=120 if joined else 5)
-        except subprocess.TimeoutExpired:  # never joined, or stuck leaving: not left behind
-            peer.kill()
-            peer.wait()
-            joined = False
-    assert not joined or peer.returncode == 0, f"the pipeline's last stage exited {peer.returncode}"
+            peer.expect("left")
+        else:  # it waits for a stage 0 that never came (the build failed first): not reused
+            _PEER = None
+            peer.process.kill()
+            peer.stop()
 
 
 @dataclass

@@ -17,6 +17,8 @@ import runner_harness as rh
 import sched_harness as h
 
 SUB = rh.CHUNK  # the default sub-block: the prefill chunk
+# The tests with a pipeline peer run on one pytest-xdist worker: one peer serves them all.
+with_the_pipeline_peer = pytest.mark.xdist_group("pipeline-peer")
 
 
 def request(req_id: str, prompt: list[int], max_tokens: int = 3, hash_block_size: int = SUB) -> Any:
@@ -188,6 +190,7 @@ def test_a_landed_async_kv_load() -> None:
     assert driver.coverage.prefill_steps >= 2 and driver.coverage.copies == 0, driver.coverage
 
 
+@with_the_pipeline_peer
 @pytest.mark.parametrize("in_flight", [1, 2])
 def test_pp2_a_non_last_stage(in_flight: int) -> None:
     """Pipeline parallelism 2, the runner as the first stage, which is not the last (a peer
@@ -205,6 +208,7 @@ def test_pp2_a_non_last_stage(in_flight: int) -> None:
     assert cov.decode_steps >= 5 and cov.non_last_stage_steps == cov.prefill_steps + cov.decode_steps, cov
 
 
+@with_the_pipeline_peer
 def test_pp2_a_non_last_stage_with_ngram_drafts() -> None:
     """As above with ngram drafts (k=3, some accepted) and two batches in flight: each payload
     the scheduler sends back starts before the computed count by the drafts a verify may have
@@ -222,6 +226,7 @@ def test_pp2_a_non_last_stage_with_ngram_drafts() -> None:
     assert driver.coverage.draft_rows >= 6 and driver.coverage.non_last_stage_steps > 0, driver.coverage
 
 
+@with_the_pipeline_peer
 def test_a_short_payload_to_a_non_last_stage_is_caught() -> None:
     """The checks can fail on a non-last stage: the drafts workload with every payload the
     scheduler sends back cut to its last token (a stage that misses the drafts a verify accepted

@@ -434,7 +434,9 @@ def _run(args: argparse.Namespace, reports: Path) -> int:
             start = time.perf_counter()
             with consumer_venv(result.wheel, _test_lock(pin, project), pin) as consumer_python:
                 setup = time.perf_counter() - start
-                timed("consumer", tag, consumer_python, ["tests/consumer"], env, args.pytest_args)
+                # loadgroup: the pipeline tests share one worker, and its pipeline peer.
+                consumer_args = ["-n", "2", "--dist", "loadgroup", *args.pytest_args]
+                timed("consumer", tag, consumer_python, ["tests/consumer"], env, consumer_args)
             runs[-1] = TierRun("consumer", tag, runs[-1].seconds + setup, runs[-1].counts)
         for tier, paths in (
             ("upstream", ["tests/upstream"]),
