@@ -64,10 +64,23 @@ def declare_cr13_platform() -> None:
     platforms._current_platform = CR13CpuPlatform()
 
 
+def _kv_cache_spec(w: Workload) -> Any:
+    """The one KV cache group's spec, the same on both sides: None (the harness's full
+    attention), or MLA's latent (one KV head of DeepSeek-V2's 512 + 64)."""
+    if w.kv_layout == "full":
+        return None
+    assert w.kv_layout == "mla", w.kv_layout
+    import torch
+    from vllm.v1.kv_cache_interface import MLAAttentionSpec
+
+    return MLAAttentionSpec(block_size=w.block_size, num_kv_heads=1, head_size=576, dtype=torch.bfloat16)
+
+
 def _create_kwargs(w: Workload) -> dict[str, Any]:
     from tests.v1.core.utils import mock_kv
 
     return dict(
+        kv_cache_spec=_kv_cache_spec(w),
         block_size=w.block_size,
         num_blocks=w.num_blocks,
         max_num_batched_tokens=w.max_num_batched_tokens,
@@ -159,6 +172,8 @@ def run(side: str, w: Workload) -> dict[str, Any]:
         scheduler = make_ours(w) if side == OURS else make_vllm_rbln(w)
     except Exception as error:  # a side refusing the configuration is a figure of its own
         return {"workload": w.name, "side": side, "error": f"{type(error).__name__}: {error}"}
+    groups = [type(g.kv_cache_spec).__name__ for g in scheduler.kv_cache_config.kv_cache_groups]
+    assert groups == [{"full": "FullAttentionSpec", "mla": "MLAAttentionSpec"}[w.kv_layout]], groups
     driver = h.Driver(
         scheduler,
         accept=lambda req_id, num_drafts: w.accepted,

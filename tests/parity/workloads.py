@@ -80,6 +80,7 @@ class Workload:
     accepted: int = 0  # drafts the simulated model accepts per step
     prefix_caching: bool = False
     sub_block_size: int | None = None  # sub-block prefix caching on, at this size
+    kv_layout: str = "full"  # the one KV cache group: "full" attention or "mla" (a latent per token)
     connector: Connector | None = None
     empty_connector: bool = False  # vLLM's MockKVConnector finding nothing
     policy: str = "fcfs"
@@ -208,6 +209,29 @@ WORKLOADS: tuple[Workload, ...] = (
         block_size=32,
         prefix_caching=True,
         sub_block_size=8,
+    ),
+    Workload(
+        name="mla-sub-block-shared-prefix",
+        what="sub-block-shared-prefix on an MLA model's one KV cache group (MLAAttentionSpec)",
+        arrivals=tuple(
+            Arrival(f"req-{i}", 44, 4, at_step=6 * i, seed=20 + i, shared_prefix=30) for i in range(6)
+        ),
+        judged=(Figure.FINISHED, Figure.HIT_TOKENS, Figure.LEAKED),
+        prefix_caching=True,
+        sub_block_size=4,
+        kv_layout="mla",
+    ),
+    Workload(
+        name="mla-sub-block-siblings",
+        what="sub-block-siblings on an MLA model's one KV cache group (MLAAttentionSpec)",
+        arrivals=tuple(
+            Arrival(f"req-{i}", 40, 8, at_step=2 * i, seed=60 + i, shared_prefix=24) for i in range(6)
+        ),
+        judged=(Figure.FINISHED, Figure.HIT_TOKENS, Figure.LEAKED),
+        block_size=32,
+        prefix_caching=True,
+        sub_block_size=8,
+        kv_layout="mla",
     ),
     Workload(
         name="pd-decode-side",

@@ -34,11 +34,15 @@ def make_scheduler(
     chunk: int = CHUNK,
     kv_connector: Any = None,
     num_spec_tokens: int | None = None,
+    kv_cache_spec: Any = None,
 ) -> Any:
+    """The RBLN scheduler on one KV cache group: `kv_cache_spec`, or the
+    harness's full attention."""
     from sched_harness import create_scheduler
 
     return create_scheduler(
         scheduler_cls=h.rbln_scheduler_factory(settings),  # type: ignore[arg-type]
+        kv_cache_spec=kv_cache_spec,
         block_size=BLOCK,
         num_blocks=num_blocks,
         max_num_batched_tokens=chunk,
@@ -49,6 +53,22 @@ def make_scheduler(
         num_speculative_tokens=num_spec_tokens,
         speculative_method="ngram" if num_spec_tokens else None,
     )
+
+
+def layout_spec(layout: str) -> Any:
+    """One KV cache group's spec: `full`, the harness's full attention (None
+    asks for it), or `mla`, a latent of one KV head (DeepSeek-V2's 512 + 64);
+    both served by vLLM's FullAttentionManager."""
+    if layout == "full":
+        return None
+    import torch
+    from vllm.v1.kv_cache_interface import MLAAttentionSpec
+
+    return MLAAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=576, dtype=torch.bfloat16)
+
+
+# Rule 3's KV cache layouts: every hit and copy-on-write case holds for each.
+over_layouts = pytest.mark.parametrize("layout", ["full", "mla"])
 
 
 def prompt(length: int, seed: int = 1) -> list[int]:
@@ -62,13 +82,14 @@ def run_shared_prefix(
     second_len: int,
     *,
     a_running: bool = False,
+    kv_cache_spec: Any = None,
 ) -> tuple[Any, h.Driver, h.StepRecord, int]:
     """A runs (to the end, or just its prefill if `a_running`); then B, whose
     prompt shares A's first `shared_len` tokens, is admitted. Returns the
     scheduler, driver, B's admission step and B's hit (tokens not scheduled)."""
     settings = None if sub_block_size is None else h.sub_block_settings(sub_block_size)
     hash_size = BLOCK if sub_block_size is None else sub_block_size
-    scheduler = make_scheduler(settings)
+    scheduler = make_scheduler(settings, kv_cache_spec=kv_cache_spec)
     driver = h.Driver(scheduler)
     a_prompt = prompt(first_len, seed=1)
     driver.add(h.make_request("A", a_prompt, max_tokens=1 if not a_running else 8, hash_block_size=hash_size))
@@ -100,6 +121,7 @@ def extends_a(sub_block_size: int, first_len: int, second_len: int) -> tuple[int
     return (sub_block_size, first_len, first_len, second_len, hit, hit % BLOCK != 0)
 
 
+@over_layouts
 @pytest.mark.parametrize(
     ("sub_block_size", "first_len", "shared_len", "second_len", "expected_hit", "copied"),
     [
@@ -134,6 +156,7 @@ def extends_a(sub_block_size: int, first_len: int, second_len: int) -> tuple[int
     ],
 )
 def test_sub_block_hits(
+    layout: str,
     sub_block_size: int | None,
     first_len: int,
     shared_len: int,
@@ -141,7 +164,14 @@ def test_sub_block_hits(
     expected_hit: int,
     copied: bool,
 ) -> None:
-    scheduler, driver, record, hit = run_shared_prefix(sub_block_size, first_len, shared_len, second_len)
+    """Shown failing for `mla` before MLA joined rule 3: a size given was
+    refused ("supports one full-attention KV cache group, got
+    ['MLAAttentionSpec']")."""
+    scheduler, driver, record, hit = run_shared_prefix(
+        sub_block_size, first_len, shared_len, second_len, kv_cache_spec=layout_spec(layout)
+    )
+    group_spec = scheduler.kv_cache_config.kv_cache_groups[0].kv_cache_spec
+    assert type(group_spec).__name__ == {"full": "FullAttentionSpec", "mla": "MLAAttentionSpec"}[layout]
     assert hit == expected_hit
     manager = scheduler.kv_cache_manager
     b_blocks = manager.get_blocks("B").blocks[0]
@@ -160,10 +190,13 @@ def test_sub_block_hits(
     h.assert_all_blocks_free(scheduler)
 
 
-def test_tail_block_is_never_shared_for_writing_with_a_running_request() -> None:
+@over_layouts
+def test_tail_block_is_never_shared_for_writing_with_a_running_request(layout: str) -> None:
     """A is still running (decoding into its tail block) when B hits a
     sub-block of that tail: B gets a copy, the full blocks are shared."""
-    scheduler, driver, record, hit = run_shared_prefix(4, 26, 26, 40, a_running=True)
+    scheduler, driver, record, hit = run_shared_prefix(
+        4, 26, 26, 40, a_running=True, kv_cache_spec=layout_spec(layout)
+    )
     assert hit == 24
     manager = scheduler.kv_cache_manager
     a_blocks = manager.get_blocks("A").blocks[0]
@@ -180,11 +213,14 @@ def test_tail_block_is_never_shared_for_writing_with_a_running_request() -> None
     h.assert_all_blocks_free(scheduler)
 
 
-def test_a_sibling_hits_a_running_request_s_block_before_the_divergence() -> None:
+@over_layouts
+def test_a_sibling_hits_a_running_request_s_block_before_the_divergence(layout: str) -> None:
     """A is still running (decoding into its partial block) when B, which leaves A's prompt
     two tokens before its end, hits the sub-blocks of that block before the divergence
     (20 tokens, sub-block 4): B gets a copy, A keeps writing its own block."""
-    scheduler, driver, record, hit = run_shared_prefix(4, 26, 22, 40, a_running=True)
+    scheduler, driver, record, hit = run_shared_prefix(
+        4, 26, 22, 40, a_running=True, kv_cache_spec=layout_spec(layout)
+    )
     assert hit == 20
     manager = scheduler.kv_cache_manager
     a_blocks = manager.get_blocks("A").blocks[0]
@@ -309,6 +345,12 @@ def test_on_by_default_at_the_prefill_chunk(settings: dict[str, Any] | None) -> 
     assert_sub_blocks(make_scheduler(settings, chunk=8), 8)
 
 
+def test_on_by_default_for_mla() -> None:
+    """An MLA model (one group of `MLAAttentionSpec`) takes the default too.
+    Shown failing before MLA joined rule 3: it stayed with whole blocks."""
+    assert_sub_blocks(make_scheduler(None, chunk=8, kv_cache_spec=layout_spec("mla")), 8)
+
+
 @pytest.mark.parametrize(
     ("chunk", "prefix_caching", "switch"),
     [(16, True, True), (64, True, True), (8, False, True), (8, True, False)],
@@ -353,6 +395,69 @@ def test_a_size_outside_the_rules_is_refused(size: Any, chunk: int, message: str
     if size and size is not True:
         assert f"sub_block_size={size}:" in str(error.value)
         assert "turn sub-block caching off (enable_sub_block_cache=False)" in str(error.value)
+
+
+def outside_rule_3(layout: str) -> list[Any]:
+    """KV cache groups rule 3 keeps out: a sliding window (its manager looks
+    up whole blocks inside its window), a subclass of MLA with another job
+    (extract_hidden_states' cache), and full attention next to a sliding
+    window (Gemma's layout: two groups)."""
+    import torch
+    from vllm.v1.kv_cache_interface import (
+        FullAttentionSpec,
+        HiddenStateCacheSpec,
+        KVCacheGroupSpec,
+        SlidingWindowSpec,
+    )
+
+    shape: dict[str, Any] = {"block_size": BLOCK, "num_kv_heads": 1, "head_size": 64, "dtype": torch.float32}
+    window = SlidingWindowSpec(**shape, sliding_window=32)
+    if layout == "sliding-window":
+        return [KVCacheGroupSpec(["layer"], window)]
+    if layout == "hidden-state":
+        return [KVCacheGroupSpec(["layer"], HiddenStateCacheSpec(**shape))]
+    return [KVCacheGroupSpec(["full"], FullAttentionSpec(**shape)), KVCacheGroupSpec(["window"], window)]
+
+
+def on_groups(scheduler_cls: Callable[..., Any], groups: list[Any]) -> Callable[..., Any]:
+    """`scheduler_cls` built on a KV cache config of `groups` (the harness
+    makes one group, of the spec it is given)."""
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+
+    def make(*, kv_cache_config: Any, **kwargs: Any) -> Any:
+        config = KVCacheConfig(
+            num_blocks=kv_cache_config.num_blocks, kv_cache_tensors=[], kv_cache_groups=groups
+        )
+        return scheduler_cls(kv_cache_config=config, **kwargs)
+
+    return make
+
+
+@pytest.mark.parametrize(
+    ("layout", "names"),
+    [
+        ("sliding-window", "['SlidingWindowSpec']"),
+        ("hidden-state", "['HiddenStateCacheSpec']"),
+        ("full-and-sliding-window", "['FullAttentionSpec', 'SlidingWindowSpec']"),
+    ],
+)
+def test_a_kv_cache_layout_outside_rule_3(layout: str, names: str) -> None:
+    """Rule 3: one group, of full attention or MLA, by exact spec class. A
+    size given on any other layout is refused, naming the classes; the
+    default stays with whole blocks and says why."""
+    from vllm.v1.core.sched.rbln_sub_block import SubBlockCacheConfigError
+
+    groups = outside_rule_3(layout)
+    rule = (
+        "sub-block prefix caching supports one KV cache group, of full attention or MLA "
+        f"(spec class exactly one of ['FullAttentionSpec', 'MLAAttentionSpec']), got {names}"
+    )
+    with pytest.raises(SubBlockCacheConfigError) as error:
+        make_scheduler_with(on_groups(h.rbln_scheduler_factory({"sub_block_size": 4}), groups))
+    assert f"sub_block_size=4: {rule}" in str(error.value)
+    default = make_scheduler_with(on_groups(h.rbln_scheduler_factory(None), groups), chunk=8)
+    assert_whole_blocks(default)
+    assert default.sub_block_cache.whole_blocks_because == rule
 
 
 @pytest.mark.parametrize(
