@@ -61,8 +61,14 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "vllm: needs the real patched vLLM")
 
 
+# A listed test's failure must be one of its pin's `errors`: the xfail covers the measured
+# reason, never another failure behind it.
+_EXPECTED_ERRORS = pytest.StashKey[list[str]]()
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The pin's entry of cannot-run.toml: its tests are expected to fail (strictly)."""
+    """The pin's entry of cannot-run.toml: its tests are expected to fail (strictly), with one
+    of the entry's errors."""
     entry = tomllib.loads((HERE / "cannot-run.toml").read_text())["pin"].get(
         os.environ.get("VLLM_RBLN_PIN", "")
     )
@@ -72,6 +78,24 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         name = f"{Path(str(item.path)).name}::{item.name}"
         if any(fnmatch.fnmatchcase(name, pattern) for pattern in entry["tests"]):
             item.add_marker(pytest.mark.xfail(strict=True, reason=" ".join(entry["why"].split())))
+            item.stash[_EXPECTED_ERRORS] = entry["errors"]
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """Outermost, so it sees pytest's xfail verdict: a listed test that failed otherwise than
+    its pin's entry says is a failure, with its own traceback."""
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    expected = item.stash.get(_EXPECTED_ERRORS, None)
+    if expected is None or call.excinfo is None or not hasattr(report, "wasxfail"):
+        return
+    error = f"{call.excinfo.typename}: {call.excinfo.value}"
+    if not any(text in error for text in expected):
+        report.outcome = "failed"
+        del report.wasxfail
+        why = f"listed as expected to fail, but failed with {error!r}, not one of {expected}"
+        report.sections.append(("cannot-run.toml", why))
 
 
 @pytest.fixture(autouse=True)
