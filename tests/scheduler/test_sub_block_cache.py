@@ -10,6 +10,7 @@ tail block is copied to a private block before B writes to it
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -319,17 +320,29 @@ def test_gate_counts_the_copy_on_write_block() -> None:
 # --- The configuration: vllm-rbln 0.12.0's rules (docs/sub-block-cache.md).
 
 
-def assert_sub_blocks(scheduler: Any, size: int) -> None:
+def assert_the_public_rule_agrees(scheduler: Any, size: int | None, platform_yes: bool) -> None:
+    """The fork's `sub_block_size_in_use`, which a model runner asks (vllm-rbln's, through the
+    adoption patch), answers what the scheduler decided, on the platform it was built on
+    (`platform_yes`: one that declares chunks may cross KV blocks, the harness's default)."""
+    from vllm.v1.core.sched.rbln_sub_block import sub_block_size_in_use
+
+    with h.chunks_may_cross_kv_blocks() if platform_yes else contextlib.nullcontext():
+        assert sub_block_size_in_use(scheduler.vllm_config, scheduler.kv_cache_config) == size
+
+
+def assert_sub_blocks(scheduler: Any, size: int, *, platform_yes: bool = True) -> None:
     assert scheduler.sub_block_cache.enabled
     assert scheduler.sub_block_cache.sub_block_size == size
     assert scheduler.hash_block_size == size
     assert scheduler.kv_cache_manager.coordinator.enable_partial_hash_hits
+    assert_the_public_rule_agrees(scheduler, size, platform_yes)
 
 
-def assert_whole_blocks(scheduler: Any) -> None:
+def assert_whole_blocks(scheduler: Any, *, platform_yes: bool = True) -> None:
     assert not scheduler.sub_block_cache.enabled
     assert scheduler.hash_block_size == BLOCK
     assert not scheduler.kv_cache_manager.coordinator.enable_partial_hash_hits
+    assert_the_public_rule_agrees(scheduler, None, platform_yes)
 
 
 @pytest.mark.parametrize(
@@ -499,7 +512,7 @@ def test_a_sub_block_below_the_chunk_needs_the_platform_to_say_yes() -> None:
     assert "set sub_block_size=16 (the prefill chunk), or leave it unset" in message
     assert_sub_blocks(make_scheduler({"sub_block_size": 4}), 4)
     equal = h.rbln_scheduler_factory({"sub_block_size": 8}, chunks_cross_kv_blocks=False)
-    assert_sub_blocks(make_scheduler_with(equal, chunk=8), 8)
+    assert_sub_blocks(make_scheduler_with(equal, chunk=8), 8, platform_yes=False)
 
 
 def test_a_platform_that_cannot_answer_stops_only_a_size_that_needs_the_answer() -> None:
@@ -565,7 +578,7 @@ def test_a_drafter_that_takes_slots_counts_as_a_sub_block_below_the_chunk() -> N
 
     drafter = "the ngram with parallel drafting drafter takes 2 slot(s) of every step"
     default = build({}, platform_yes=False)
-    assert_whole_blocks(default)
+    assert_whole_blocks(default, platform_yes=False)
     assert drafter in default.sub_block_cache.whole_blocks_because
     with pytest.raises(SubBlockCacheConfigError) as error:
         build({"sub_block_size": 8}, platform_yes=False)
@@ -574,7 +587,7 @@ def test_a_drafter_that_takes_slots_counts_as_a_sub_block_below_the_chunk() -> N
     assert "prefill chunks of 6 tokens stop starting on multiples of max_num_batched_tokens=8" in message
     assert "supports_prefill_chunk_across_kv_blocks() is False" in message
     assert "use a drafter that takes no slot" in message
-    assert_sub_blocks(build({}, platform_yes=False, parallel=False), 8)
+    assert_sub_blocks(build({}, platform_yes=False, parallel=False), 8, platform_yes=False)
 
 
 def test_the_platform_hook_defaults_to_no() -> None:
