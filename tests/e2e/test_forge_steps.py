@@ -94,7 +94,7 @@ def test_ci_first_job_runs_the_tooling_tier_lint_and_makes_the_matrix(
     assert re.search(r"^[1-9]\d* passed, 0 failed$", tier, re.M), tier[-2000:]
     outputs = job.outputs["matrix"]
     assert json.loads(outputs["test"]) == matrix(Project.default(), "test")
-    # The pins marked moving, read from pins.toml itself (0.30.0 while its move is under way).
+    # The pins marked moving, read from pins.toml itself (none when no move is under way).
     pins = tomllib.loads((clone / "pins.toml").read_text())["pin"]
     assert json.loads(outputs["moving"]) == [
         p for p, entry in pins.items() if entry.get("status") == "moving"

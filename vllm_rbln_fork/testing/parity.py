@@ -10,7 +10,8 @@ only vLLM and ``vllm_rbln`` itself, so they run over an **unpatched empty-device
 * that wheel, with no dependencies of its own (``install_wheel``);
 * ``vllm-rbln==0.12.0`` from ``requirements/vllm-rbln.lock`` (hash-pinned, ``--no-deps``).
 
-0.30.0 is not a supported pin (``pins.toml``): nothing builds an RBLN wheel of it. Its sdist's
+This side is vLLM 0.30.0 **unpatched**, not the fork's 0.30.0 RBLN wheel (0.30.0 is also a supported
+pin, whose own tiers test that wheel): vllm-rbln 0.12.0 as it runs today. Its sdist's
 ``tests/`` is the reference side's harness (``tests/v1/core/utils.py``). Both are made once per
 content (sdist, tool code, Python, build lock; the locks for the venv) under the cache.
 """
