@@ -102,8 +102,9 @@ def test_the_install_guard_refuses_a_vllm_that_is_not_the_rbln_build() -> None:
 
 def test_the_replaced_scheduler_is_gone_and_the_runner_imports_without_it() -> None:
     """The patch deletes `v1/core/rbln_scheduler.py` (nothing imports it any more); the runner
-    imports (this tier runs it); `rbln_kv_cache_manager.py` stays, for the `KVCacheCopyOp` the runner imports (and
-    `can_use_sub_block_caching`, which vllm-rbln's own, now unused, `sub_block_size_in_use` reads)."""
+    imports (this tier runs it); `rbln_kv_cache_manager.py` stays, for the `KVCacheCopyOp` the
+    runner imports (and `can_use_sub_block_caching`, which vllm-rbln's own, now unused,
+    `sub_block_size_in_use` reads)."""
     assert importlib.util.find_spec("vllm_rbln.v1.core.rbln_scheduler") is None
     import vllm_rbln.v1.worker.rbln_model_runner  # noqa: F401
     from vllm_rbln.v1.core.rbln_kv_cache_manager import KVCacheCopyOp, RBLNKVCacheManager
