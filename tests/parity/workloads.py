@@ -295,6 +295,17 @@ WORKLOADS: tuple[Workload, ...] = (
         max_steps=600,
     ),
     Workload(
+        name="pipeline-parallel-2-ngram-k3",
+        what="pipeline parallelism 2 (two batches in flight) with ngram k=3 drafts, 2 accepted a step",
+        arrivals=_requests(8, 24, 24),
+        judged=(Figure.FINISHED, Figure.STEPS, Figure.PREEMPTIONS, Figure.STEPS_PER_TOKEN),
+        num_spec_tokens=3,
+        accepted=2,
+        pipeline_parallel_size=2,
+        max_in_flight=2,
+        max_steps=600,
+    ),
+    Workload(
         name="async-roomy",
         what="async scheduling, two batches in flight: 8 requests (24 tokens each), blocks to spare",
         arrivals=_requests(8, 24, 24, every=1),
