@@ -63,6 +63,45 @@ def make_model(dest: Path, seed: int = 0) -> Path:
     return dest
 
 
+def make_mla_model(dest: Path, seed: int = 0) -> Path:
+    """A random DeepSeek-V2 (MLA: one latent of ``kv_lora_rank`` + ``qk_rope_head_dim`` = 576
+    a token, the head size vLLM's AMX MLA kernel takes), bfloat16 (that kernel's only dtype),
+    every layer dense (``first_k_dense_replace`` = the layer count). No tokenizer: the cases
+    send token ids."""
+    import torch
+    from transformers import DeepseekV2Config, DeepseekV2ForCausalLM
+
+    torch.manual_seed(seed)
+    config = DeepseekV2Config(
+        vocab_size=VOCAB,
+        hidden_size=256,
+        intermediate_size=512,
+        moe_intermediate_size=128,
+        num_hidden_layers=2,
+        first_k_dense_replace=2,
+        n_routed_experts=4,
+        n_shared_experts=1,
+        num_experts_per_tok=2,
+        n_group=1,
+        topk_group=1,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        kv_lora_rank=512,
+        q_lora_rank=None,
+        qk_rope_head_dim=64,
+        qk_nope_head_dim=64,
+        v_head_dim=64,
+        max_position_embeddings=MAX_MODEL_LEN,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    DeepseekV2ForCausalLM(config).to(torch.bfloat16).save_pretrained(dest, safe_serialization=True)
+    return dest
+
+
+MODELS = {"tiny-llama": make_model, "tiny-deepseek-mla": make_mla_model}
+
+
 def prompts_with_shared_prefixes(seed: int, count: int, prefixes: int = 4) -> list[list[int]]:
     """Token-id prompts of 40-140 tokens; groups share a prefix of 20-90 tokens (prefix hits),
     and every other prompt repeats a phrase (so ngram drafts get accepted)."""
@@ -367,22 +406,22 @@ def _serve_forks() -> None:
 
 
 def _make_model_here(job: dict[str, Any]) -> dict[str, Any]:
-    make_model(Path(job["make_model"]))
+    MODELS[job["kind"]](Path(job["make_model"]))
     return {}
 
 
-def shared_model(base: Path) -> Path:
-    """The tiny model in ``base/tiny-llama``, made once for every test process that shares
-    ``base`` (the pytest workers of one run), in a child of the zygote (torch is imported
-    there already; each worker importing torch and transformers to make its own cost about
-    50 s of a worker's time under load)."""
+def shared_model(base: Path, kind: str = "tiny-llama") -> Path:
+    """The tiny model ``kind`` (a name of ``MODELS``) in ``base/<kind>``, made once for every
+    test process that shares ``base`` (the pytest workers of one run), in a child of the zygote
+    (torch is imported there already; each worker importing torch and transformers to make its
+    own cost about 50 s of a worker's time under load)."""
     import fcntl
 
-    dest = base / "tiny-llama"
-    with (base / "tiny-llama.lock").open("w") as lock:
+    dest = base / kind
+    with (base / f"{kind}.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (dest / "made").exists():
-            code, output, data = _zygote(None).run({"make_model": str(dest)})
+            code, output, data = _zygote(None).run({"make_model": str(dest), "kind": kind})
             if code != 0 or data is None:
                 raise AssertionError(f"making the tiny model failed (exit {code}):\n{output[-4000:]}")
             (dest / "made").write_text("")

@@ -11,7 +11,14 @@ from vllm_rbln_fork.errors import ForkError
 from vllm_rbln_fork.pins import Pin
 from vllm_rbln_fork.project import Project
 from vllm_rbln_fork.supported import supported_pins
-from vllm_rbln_fork.testing.engine import CannotRun, base_wheel_for, deselect_args, doc_block, plan_for
+from vllm_rbln_fork.testing.engine import (
+    CannotRun,
+    base_wheel_for,
+    deselect_args,
+    doc_block,
+    plan_for,
+    this_cpu_flags,
+)
 
 
 def test_the_cannot_run_list_names_0_33_0_with_a_reason() -> None:
@@ -33,6 +40,26 @@ def test_cases_are_listed_per_pin_and_deselected_by_node_id(tmp_path: Path) -> N
     listing.write_text("[[case]\n")
     with pytest.raises(ForkError, match=r"cannot-run\.toml, line 1, column \d+: not valid TOML"):
         CannotRun.load(Pin.parse("0.31.0"), listing)
+
+
+def test_a_case_that_needs_a_cpu_flag_is_listed_only_where_the_cpu_lacks_it(tmp_path: Path) -> None:
+    listing = tmp_path / "cannot-run.toml"
+    listing.write_text(
+        '[[case]]\ntest = "tests/engine/test_x.py::test_mla"\nreason = "no AMX"\n'
+        'unless-cpu-has = "amx_tile"\n'
+    )
+    pin = Pin.parse("0.31.0")
+    assert CannotRun.load(pin, listing, cpu_flags=frozenset({"avx512f"})).cases == {
+        "tests/engine/test_x.py::test_mla": "no AMX"
+    }
+    assert CannotRun.load(pin, listing, cpu_flags=frozenset({"avx512f", "amx_tile"})).cases == {}
+
+
+def test_this_cpu_flags_are_read_from_the_first_flags_line(tmp_path: Path) -> None:
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx512f amx_tile\n\nprocessor\t: 1\nflags\t: fpu\n")
+    assert this_cpu_flags(cpuinfo) == frozenset({"fpu", "avx512f", "amx_tile"})
+    assert this_cpu_flags(tmp_path / "absent") == frozenset()
 
 
 def test_the_engine_venv_follows_the_install_doc(tmp_path: Path) -> None:

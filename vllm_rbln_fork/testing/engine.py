@@ -47,13 +47,18 @@ class CannotRun:
     still_supported: dict[str, str] = field(default_factory=dict)
 
     @classmethod
-    def load(cls, pin: Pin, path: Path = CANNOT_RUN) -> CannotRun:
+    def load(cls, pin: Pin, path: Path = CANNOT_RUN, cpu_flags: frozenset[str] | None = None) -> CannotRun:
+        """The entries that hold at ``pin`` on this machine: a case's ``pins`` limits it to those
+        pins, its ``unless-cpu-has`` to CPUs without that flag (``cpu_flags``, by default this
+        machine's, from ``/proc/cpuinfo``)."""
         data: dict[str, Any] = read_toml(path, missing_ok=False)  # the one TOML error path
+        flags = this_cpu_flags() if cpu_flags is None else cpu_flags
         pins = {str(e["pin"]): str(e["reason"]).strip() for e in data.get("pin", [])}
         cases = {
             str(e["test"]): str(e["reason"]).strip()
             for e in data.get("case", [])
-            if "pins" not in e or str(pin) in e["pins"]
+            if ("pins" not in e or str(pin) in e["pins"])
+            and ("unless-cpu-has" not in e or str(e["unless-cpu-has"]) not in flags)
         }
         still = {
             str(e["pin"]): str(e["still-supported"]).strip()
@@ -61,6 +66,20 @@ class CannotRun:
             if "still-supported" in e
         }
         return cls(pins, cases, still)
+
+
+def this_cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
+    """The feature flags of this machine's CPU (``amx_tile``, ``avx512f``, ...): the first
+    ``flags`` line of ``cpuinfo``; none where there is no such file."""
+    try:
+        lines = cpuinfo.read_text().splitlines()
+    except OSError:
+        return frozenset()
+    for line in lines:
+        key, _, value = line.partition(":")
+        if key.strip() == "flags":
+            return frozenset(value.split())
+    return frozenset()
 
 
 @dataclass(frozen=True)
