@@ -11,8 +11,8 @@ stand-ins), and vLLM is left to pick its platform from the installed plugins, so
 vllm-rbln's ``RblnPlatform`` as on an RBLN host (the runner's ``VLLM_TARGET_DEVICE=cpu`` would
 pick the CPU platform instead); the vllm model path, host tensors, and an NPU name as a device
 host reports it (a CA25: not a CR13, so sub-blocks below the chunk are refused unless a test
-names a CR13).
-"""
+names a CR13). vllm-rbln's own start-up would refuse the vllm model path on a CA; the harness
+builds its configs without that check (docs/adopting.md, section 6, "Not yet driven")."""
 
 from __future__ import annotations
 

@@ -38,7 +38,7 @@ def test_vllm_runs_on_vllm_rbln_s_platform() -> None:
 def test_the_platform_answer_never_raises() -> None:
     """`supports_prefill_chunk_across_kv_blocks()`: a CR13 says yes, another NPU no, and a host
     that cannot name its NPU (a compile-only worker) no, where `is_cr13()` raises; our scheduler
-    asks at every construction, and starts there on the default settings."""
+    asks only for a sub-block size below the chunk, and starts there on the default settings."""
     from sched_harness import create_scheduler
     from vllm_rbln.config import build_rbln_config
 
@@ -68,8 +68,12 @@ def test_a_sub_block_below_the_chunk_is_refused_off_a_cr13() -> None:
         rh.build(rbln_settings={"sub_block_size": 8})
 
 
-def _python_with(pythonpath: list[Path], code: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(p) for p in [*pythonpath, HERE])}
+def _python_with(pythonpath: list[Path], code: str, **env_overrides: str) -> subprocess.CompletedProcess[str]:
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(str(p) for p in [*pythonpath, HERE]),
+        **env_overrides,
+    }
     prelude = (
         f"import sys; sys.path.insert(0, {str(HERE)!r}); import rbln_sdk_stubs; rbln_sdk_stubs.install()\n"
     )
@@ -98,6 +102,28 @@ def test_the_install_guard_refuses_a_vllm_that_is_not_the_rbln_build() -> None:
     assert last.endswith(
         f'install it with pip install --index-url <the RBLN wheel index>/simple "vllm=={base}+rbln.<n>"'
     )
+
+
+def test_the_install_guard_speaks_first_when_an_engine_config_is_made() -> None:
+    """On the vllm model path, `EngineArgs.create_engine_config()` calls the platform's
+    `pre_register_and_update` first, which applies vllm-rbln's run-time patches; they import
+    the model runner, which imports the RBLN build's `rbln_sub_block`. On a vLLM that is not
+    the RBLN build the guard must speak before that import fails (it stopped with
+    `ModuleNotFoundError: No module named 'vllm.v1.core.sched.rbln_sub_block'` while the guard
+    was only in `check_and_update_config`)."""
+    upstream = Path(os.environ["VLLM_RBLN_UPSTREAM_TREE"])
+    code = (
+        "import vllm.platforms\nassert type(vllm.platforms.current_platform).__name__ == 'RblnPlatform'\n"
+        "from vllm.engine.arg_utils import EngineArgs\n"
+        "EngineArgs(model='facebook/opt-125m', max_num_batched_tokens=128, block_size=32)"
+        ".create_engine_config()"
+    )
+    # A REBEL CR13: the host class that serves the vllm model path (vllm-rbln refuses that path
+    # on an RBLN-CA, the name the rest of this tier's processes report).
+    result = _python_with([upstream], code, RBLN_FORCE_NPU_NAME="RBLN-CR13")
+    assert result.returncode != 0
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("RuntimeError: vllm-rbln needs the RBLN build of vLLM"), result.stderr[-3000:]
 
 
 def test_the_replaced_scheduler_is_gone_and_the_runner_imports_without_it() -> None:
@@ -173,11 +199,15 @@ def test_a_sliding_window_model() -> None:
     assert driver.coverage.max_decode_batch == 2
 
 
-def test_the_optimum_scheduler_is_built() -> None:
-    """The optimum path's scheduler reads routed experts from `AuxOutputConfig` (0.31.0, the
-    port), from `ModelConfig.enable_return_routed_experts` as released (0.30.0). (Its
-    `schedule()` still calls 0.30.0's `_select_waiting_queue_for_scheduling`, which 0.31.0
-    removed: docs/adopting.md, "Not ported".)"""
+def test_the_optimum_scheduler_is_built_and_schedules() -> None:
+    """The optimum path (vllm-rbln's default, the only one on RBLN-CA devices) keeps its own
+    scheduler, which never calls `Scheduler.__init__`: the first patch sets the preemption count
+    the RBLN build's `make_stats` reads (without it, `AttributeError` at the first
+    `update_from_output` with stats on). At 0.30.0 it schedules two requests to the end; from
+    0.31.0 it reads routed experts from `AuxOutputConfig` (the port), and it stops at its first
+    step: its waiting loop is 0.30.0's (`_select_waiting_queue_for_scheduling`,
+    `skipped_waiting`), and 0.31.0's inherited methods read `kv_holding_waiting`, which
+    `Scheduler.__init__` makes (docs/adopting.md, "Not ported")."""
     from sched_harness import create_scheduler
     from vllm_rbln.config import build_optimum_rbln_config
     from vllm_rbln.v1.core.optimum_scheduler import RBLNOptimumScheduler
@@ -189,7 +219,16 @@ def test_the_optimum_scheduler_is_built() -> None:
     scheduler = create_scheduler(
         scheduler_cls=optimum, block_size=32, max_num_batched_tokens=64, max_model_len=512
     )  # type: ignore[arg-type]
+    assert scheduler.log_stats, "the harness builds schedulers with stats on, as an engine does"
+    driver = h.Driver(scheduler)
+    for i in range(2):
+        driver.add(h.make_request(f"o{i}", h.distinct_prompt(i + 1, 40), max_tokens=4))
     if PIN < Version("0.31.0"):
         assert scheduler.enable_return_routed_experts is False
+        driver.run(40)
+        assert driver.finished == {"o0", "o1"}
     else:
         assert scheduler.aux_output_connector is None
+        # 0.31.0's queue of waiting requests holding KV, which its inherited methods use.
+        with pytest.raises(AttributeError, match="kv_holding_waiting|_select_waiting_queue_for_scheduling"):
+            driver.run(40)

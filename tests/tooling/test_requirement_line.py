@@ -86,3 +86,16 @@ def test_an_exact_build_pin_refuses_another_build(tmp_path: Path) -> None:
     python = kit.fresh_venv(tmp_path / "venv")
     with pytest.raises(AssertionError, match=r"No matching distribution found for vllm==0\.31\.0\+rbln\.2"):
         install(python, links(tmp_path, "vllm==0.31.0+rbln.2", OURS))
+
+
+def test_an_installed_cpu_build_satisfies_the_release_pin_and_stays(tmp_path: Path) -> None:
+    """With vLLM's CPU build of 0.31.0 already installed, installing the plugin changes no vllm,
+    although our build is on offer: pip says "Requirement already satisfied" (what the install
+    guard of docs/adopting.md is for)."""
+    python = kit.fresh_venv(tmp_path / "venv")
+    folder = links(tmp_path, "vllm==0.31.0", VLLM_CPU, OURS)
+    kit.pip(python, "install", "--no-index", "--find-links", folder, f"vllm=={VLLM_CPU}")
+    assert installed_vllm(python) == VLLM_CPU
+    output = install(python, folder)
+    assert "Requirement already satisfied: vllm==0.31.0 in" in output and f"({VLLM_CPU})" in output, output
+    assert installed_vllm(python) == VLLM_CPU
