@@ -11,8 +11,8 @@ vLLM's CPU platform keeps prefix caching on for an MLA model only with its AMX M
 the case runs on CPUs with AMX (``tests/engine/cannot-run.toml``, ``unless-cpu-has``); the
 model is bfloat16 with a 576-wide latent, what that backend takes.
 
-The shape is ``test_sub_block_hits.py``'s: prompts of 88 tokens (two blocks of 32 and 24
-tokens), then extensions of them sent after they finished (80 tokens hit against 64 with
+The shape is ``test_sub_block_hits.py``'s: prompts of 88 tokens (two blocks of 32, and 24
+tokens in a third), then extensions of them sent after they finished (80 tokens hit against 64 with
 whole blocks), and an extension sent with its prompt, which hits that prompt's tail block
 while the prompt is still decoding into it: without the copy the two requests would write
 the same slots and the extension's greedy tokens would change.

@@ -149,3 +149,13 @@ def test_a_malformed_cannot_run_list_is_named_with_its_line(tmp_path: Path) -> N
     named = r"cannot-run\.toml, line 3, column \d+: not valid TOML.*git checkout -- cannot-run\.toml"
     with pytest.raises(ForkError, match=named):
         CannotRun.load(Pin.parse("1.0"), listing)
+
+
+def test_a_misspelt_or_listed_cpu_flag_is_refused(tmp_path: Path) -> None:
+    listing = tmp_path / "cannot-run.toml"
+    for line in ('unless-cpu-has = ["amx_tile"]', 'unless_cpu_has = "amx_tile"'):
+        listing.write_text(
+            f'[[case]]\ntest = "tests/engine/test_x.py::test_mla"\nreason = "no AMX"\n{line}\n'
+        )
+        with pytest.raises(ForkError, match="spell the key unless-cpu-has"):
+            CannotRun.load(Pin.parse("0.31.0"), listing, cpu_flags=frozenset({"amx_tile"}))

@@ -53,6 +53,13 @@ class CannotRun:
         machine's, from ``/proc/cpuinfo``)."""
         data: dict[str, Any] = read_toml(path, missing_ok=False)  # the one TOML error path
         flags = this_cpu_flags() if cpu_flags is None else cpu_flags
+        for entry in data.get("case", []):
+            if not isinstance(entry.get("unless-cpu-has", ""), str) or "unless_cpu_has" in entry:
+                raise ForkError(
+                    f"{path}: the case {entry.get('test')!r} gives unless-cpu-has as "
+                    f"{entry.get('unless-cpu-has', entry.get('unless_cpu_has'))!r}: spell the key "
+                    'unless-cpu-has and give one flag as a string, e.g. unless-cpu-has = "amx_tile".'
+                )
         pins = {str(e["pin"]): str(e["reason"]).strip() for e in data.get("pin", [])}
         cases = {
             str(e["test"]): str(e["reason"]).strip()
