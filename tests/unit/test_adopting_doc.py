@@ -9,7 +9,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 # The tiers whose tests the docs name by file alone: the scheduler tier's and the consumer tier's.
-TEST_DIRS = (ROOT / "tests" / "scheduler", ROOT / "tests" / "consumer")
+TEST_DIRS = tuple(ROOT / "tests" / tier for tier in ("scheduler", "consumer", "tooling", "engine"))
 # Rows whose behaviour no workload or test shows yet (said in the row itself).
 NONE_YET = "none yet"
 
@@ -31,7 +31,9 @@ def test_test_references() -> None:
         assert refs, doc
         for file_name, function in refs:
             found = [d / file_name for d in TEST_DIRS if (d / file_name).is_file()]
-            assert len(found) == 1, f"{doc}: {file_name} is not in tests/scheduler or tests/consumer"
+            assert len(found) == 1, (
+                f"{doc}: {file_name} is in none of {[d.name for d in TEST_DIRS]} (or in more than one)"
+            )
             source = found[0]
             if function:
                 assert re.search(rf"^def {function}\(", source.read_text(), re.M), (
