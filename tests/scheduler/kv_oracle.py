@@ -33,8 +33,13 @@ where the request's KV really ends (under async scheduling the scheduler counts 
 in-flight step's rejected drafts as computed until its output comes back; the runner
 starts the next step where the accepted tokens end, as vLLM's runners do).
 
-Single-group (one full-attention KV cache group) only; a scheduler with more groups, or a
-sliding-window group, runs without the oracle (`KVOracle.applies`).
+Every KV cache group is followed, each through its own block table (block ids are the one
+pool's): groups of full attention and of a sliding window, all of one block size (a
+full-attention model, a Gemma-style model's full and sliding-window groups, a model whose
+every layer has a window). A sliding-window group's request attends only the window before
+each position it computes (`SlidingWindowSpec.sliding_window` positions, itself included),
+so its reads are checked there, and the blocks below the window leave its table (null).
+Other layouts run without the oracle (`KVOracle.applies`).
 """
 
 from __future__ import annotations
@@ -105,7 +110,11 @@ class KVOracle:
 
     def __post_init__(self) -> None:
         manager = self.scheduler.kv_cache_manager
-        self.block_size = manager.coordinator.single_type_managers[0].block_size
+        managers = manager.coordinator.single_type_managers
+        self.block_size = managers[0].block_size
+        # Per KV cache group: its window (positions a token attends, itself included), or
+        # None for full attention.
+        self.windows: list[int | None] = [getattr(m, "sliding_window", None) for m in managers]
         self.hash_block_size = manager.block_pool.hash_block_size
         connector = getattr(self.scheduler, "connector", None)
         if connector is not None:
@@ -113,12 +122,18 @@ class KVOracle:
 
     @staticmethod
     def applies(scheduler: Scheduler) -> bool:
-        """Whether the oracle can follow this scheduler's pool: one KV cache group, of full
-        attention (a sliding window's blocks leave the table as the window moves on)."""
-        from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager
+        """Whether the oracle can follow this scheduler's pool: KV cache groups of full
+        attention or a sliding window, all of one block size."""
+        from vllm.v1.core.single_type_kv_cache_manager import (
+            FullAttentionManager,
+            SlidingWindowManager,
+        )
 
         managers = scheduler.kv_cache_manager.coordinator.single_type_managers
-        return len(managers) == 1 and type(managers[0]) is FullAttentionManager
+        return all(
+            type(m) in (FullAttentionManager, SlidingWindowManager) and m.block_size == managers[0].block_size
+            for m in managers
+        )
 
     # -- the connector's loads ------------------------------------------------------
 
@@ -149,12 +164,14 @@ class KVOracle:
         local, external = self._pending_loads.pop(req_id)
         request = self.scheduler.requests[req_id]
         self._know(request)
-        table = self._table(req_id)
         written: set[int] = set()
-        for pos in range(local, local + external):
-            if pos // self.block_size < len(table):
-                self._slots[(table[pos // self.block_size], pos % self.block_size)] = self._chain[req_id][pos]
-                written.add(table[pos // self.block_size])
+        for table in self._tables(req_id):
+            for pos in range(local, local + external):
+                if pos // self.block_size < len(table) and table[pos // self.block_size]:
+                    self._slots[(table[pos // self.block_size], pos % self.block_size)] = self._chain[req_id][
+                        pos
+                    ]
+                    written.add(table[pos // self.block_size])
         # An entry checked on these blocks before is checked again after the next batch.
         self._checked_entries = {e for e in self._checked_entries if e[1] not in written}
 
@@ -191,26 +208,15 @@ class KVOracle:
             writes[req_id] = (start, positions, chain(executed, prefix))
 
         for req_id, (_start, positions, ids) in writes.items():
-            table = self._table(req_id)
-            for pos, ident in zip(positions, ids, strict=True):
-                index = pos // self.block_size
-                if index >= len(table):
-                    self._fail(
-                        "no block",
-                        req_id,
-                        pos,
-                        -1,
-                        f"{req_id} writes position {pos} past its {len(table)} blocks",
-                    )
-                    continue
-                slot = (table[index], pos % self.block_size)
-                self._check_overwrite(req_id, slot, ident, pos)
-                self._slots[slot] = ident
-                touched.add(slot[0])
+            for table in self._tables(req_id):
+                self._write(req_id, table, positions, ids, touched)
 
         for req_id, (start, _positions, ids) in writes.items():
             expected = self._chain[req_id][:start] + ids
-            self._check_reads(req_id, expected)
+            for table, window in zip(self._tables(req_id), self.windows, strict=True):
+                # A window: the positions the step's first token attends, and after.
+                first = 0 if window is None else max(0, start - window + 1)
+                self._check_reads(req_id, table, expected, first)
 
         for req_id, (start, positions, _ids) in writes.items():
             drafts = len(output.scheduled_spec_decode_tokens.get(req_id, ()))
@@ -223,9 +229,28 @@ class KVOracle:
 
     # -- the checks ---------------------------------------------------------------------
 
-    def _check_reads(self, req_id: str, expected: list[int]) -> None:
-        table = self._table(req_id)
-        for pos, ident in enumerate(expected):
+    def _write(
+        self, req_id: str, table: list[int], positions: list[int], ids: list[int], touched: set[int]
+    ) -> None:
+        for pos, ident in zip(positions, ids, strict=True):
+            index = pos // self.block_size
+            if index >= len(table) or not table[index]:
+                self._fail(
+                    "no block",
+                    req_id,
+                    pos,
+                    -1,
+                    f"{req_id} writes position {pos} past its {len(table)} blocks, or into a null one",
+                )
+                continue
+            slot = (table[index], pos % self.block_size)
+            self._check_overwrite(req_id, slot, ident, pos)
+            self._slots[slot] = ident
+            touched.add(slot[0])
+
+    def _check_reads(self, req_id: str, table: list[int], expected: list[int], first: int = 0) -> None:
+        for pos in range(first, len(expected)):
+            ident = expected[pos]
             index = pos // self.block_size
             if index >= len(table):
                 self._fail("no block", req_id, pos, -1, f"{req_id} attends position {pos} past its blocks")
@@ -252,8 +277,8 @@ class KVOracle:
         for req_id in self.scheduler.requests:
             if req_id == writer or req_id not in self._device_computed:
                 continue
-            table = self._table(req_id)
-            if block_id not in table:
+            table = next((t for t in self._tables(req_id) if block_id in t), None)
+            if table is None:
                 continue
             their_pos = table.index(block_id) * self.block_size + offset
             if their_pos < self._device_computed[req_id] and self._chain[req_id][their_pos] == held:
@@ -322,8 +347,10 @@ class KVOracle:
                 self._slots[(dst, offset)] = ident
         self._copied_to = [dst for _, dst in copies]
 
-    def _table(self, req_id: str) -> list[int]:
-        return list(self.scheduler.kv_cache_manager.get_block_ids(req_id)[0])
+    def _tables(self, req_id: str) -> list[list[int]]:
+        """The request's block table in each KV cache group (0: the null block, below a
+        sliding window)."""
+        return [list(ids) for ids in self.scheduler.kv_cache_manager.get_block_ids(req_id)]
 
     def _know(self, request: Any) -> None:
         """Start following a request (its prompt), and learn the keys its hashes make."""

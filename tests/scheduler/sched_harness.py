@@ -299,11 +299,11 @@ class Driver:
     # Every batch is also played on a KV pool that keeps what each slot holds
     # (kv_oracle.py): a stale read, a wrong prefix-cache entry or an overwrite
     # raises KVContentsError. Off only where a test wants the collected
-    # violations (`oracle.strict = False`) or has more than one KV cache group.
+    # violations (`oracle.strict = False`).
     kv_oracle: bool = True
     oracle: KVOracle | None = None
-    # With KV cache events on (`make_scheduler`'s default) and one KV cache group,
-    # the events are replayed as a router does (kv_event_replay.py) and checked
+    # With KV cache events on (`make_scheduler`'s default), every KV cache group's
+    # events are replayed as a router does (kv_event_replay.py) and checked
     # against the pool after every update: KVEventContractError on a mismatch.
     events: EventReplay | None = None
     _loading: dict[str, int] = field(default_factory=dict)
@@ -313,8 +313,7 @@ class Driver:
         if self.kv_oracle and self.oracle is None and KVOracle.applies(self.scheduler):
             self.oracle = KVOracle(self.scheduler, draft_token=DRAFT_TOKEN)
         scheduler = self.scheduler
-        single_group = len(scheduler.kv_cache_manager.coordinator.single_type_managers) == 1
-        if self.events is None and scheduler.enable_kv_cache_events and single_group:
+        if self.events is None and scheduler.enable_kv_cache_events:
             from vllm.utils.hashing import sha256
 
             self.events = EventReplay(scheduler.kv_cache_manager.block_pool.hash_block_size, sha256)

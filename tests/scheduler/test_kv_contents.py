@@ -194,16 +194,16 @@ def test_the_oracle_fails_an_overwritten_slot() -> None:
     driver.run(4)
     oracle = driver.oracle
     assert oracle is not None
-    table_a, table_b = oracle._table("A"), oracle._table("B")
+    (table_a,), (table_b,) = oracle._tables("A"), oracle._tables("B")
     assert len(table_a) >= 2 and len(table_b) >= 2, "both must be decoding in their second block"
     # B's next decode (its position 20) writes into A's second block, where A computed
     # its position 20 (A's prompt is 30 tokens) and still reads it.
-    real_table = oracle._table
+    real_tables = oracle._tables
 
-    def crossed(req_id: str) -> list[int]:
-        return [table_b[0], table_a[1], *table_b[2:]] if req_id == "B" else real_table(req_id)
+    def crossed(req_id: str) -> list[list[int]]:
+        return [[table_b[0], table_a[1], *table_b[2:]]] if req_id == "B" else real_tables(req_id)
 
-    oracle._table = crossed  # type: ignore[method-assign]
+    oracle._tables = crossed  # type: ignore[method-assign]
     with pytest.raises(KVContentsError, match="overwrite: B writes position .* which A computed"):
         driver.step()
 

@@ -411,25 +411,20 @@ def test_a_size_outside_the_rules_is_refused(size: Any, chunk: int, message: str
 
 
 def outside_rule_3(layout: str) -> list[Any]:
-    """KV cache groups rule 3 keeps out: a sliding window (its manager looks
-    up whole blocks inside its window), a subclass of MLA with another job
-    (extract_hidden_states' cache), and full attention next to a sliding
-    window (Gemma's layout: two groups)."""
+    """KV cache groups rule 3 keeps out: a subclass of MLA with another job
+    (extract_hidden_states' cache), alone and next to full attention."""
     import torch
     from vllm.v1.kv_cache_interface import (
         FullAttentionSpec,
         HiddenStateCacheSpec,
         KVCacheGroupSpec,
-        SlidingWindowSpec,
     )
 
     shape: dict[str, Any] = {"block_size": BLOCK, "num_kv_heads": 1, "head_size": 64, "dtype": torch.float32}
-    window = SlidingWindowSpec(**shape, sliding_window=32)
-    if layout == "sliding-window":
-        return [KVCacheGroupSpec(["layer"], window)]
+    hidden = KVCacheGroupSpec(["hidden"], HiddenStateCacheSpec(**shape))
     if layout == "hidden-state":
-        return [KVCacheGroupSpec(["layer"], HiddenStateCacheSpec(**shape))]
-    return [KVCacheGroupSpec(["full"], FullAttentionSpec(**shape)), KVCacheGroupSpec(["window"], window)]
+        return [hidden]
+    return [KVCacheGroupSpec(["full"], FullAttentionSpec(**shape)), hidden]
 
 
 def on_groups(scheduler_cls: Callable[..., Any], groups: list[Any]) -> Callable[..., Any]:
@@ -449,21 +444,22 @@ def on_groups(scheduler_cls: Callable[..., Any], groups: list[Any]) -> Callable[
 @pytest.mark.parametrize(
     ("layout", "names"),
     [
-        ("sliding-window", "['SlidingWindowSpec']"),
         ("hidden-state", "['HiddenStateCacheSpec']"),
-        ("full-and-sliding-window", "['FullAttentionSpec', 'SlidingWindowSpec']"),
+        ("full-and-hidden-state", "['FullAttentionSpec', 'HiddenStateCacheSpec']"),
     ],
 )
 def test_a_kv_cache_layout_outside_rule_3(layout: str, names: str) -> None:
-    """Rule 3: one group, of full attention or MLA, by exact spec class. A
-    size given on any other layout is refused, naming the classes; the
-    default stays with whole blocks and says why."""
+    """Rule 3: groups of full attention, MLA or a sliding window, by exact spec
+    class. A size given on any other layout is refused, naming the classes; the
+    default stays with whole blocks and says why. (A sliding window alone, and
+    next to full attention, were refused here before issue 29's part 1b.)"""
     from vllm.v1.core.sched.rbln_sub_block import SubBlockCacheConfigError
 
     groups = outside_rule_3(layout)
     rule = (
-        "sub-block prefix caching supports one KV cache group, of full attention or MLA "
-        f"(spec class exactly one of ['FullAttentionSpec', 'MLAAttentionSpec']), got {names}"
+        "sub-block prefix caching supports KV cache groups of full attention, MLA or a "
+        "sliding window (spec class exactly one of ['FullAttentionSpec', 'MLAAttentionSpec', "
+        f"'SlidingWindowSpec']), got {names}"
     )
     with pytest.raises(SubBlockCacheConfigError) as error:
         make_scheduler_with(on_groups(h.rbln_scheduler_factory({"sub_block_size": 4}), groups))
@@ -599,13 +595,13 @@ def test_the_platform_hook_defaults_to_no() -> None:
     assert current_platform.supports_prefill_chunk_across_kv_blocks() is False
 
 
-def make_scheduler_with(scheduler_cls: Any, chunk: int = CHUNK, **kwargs: Any) -> Any:
+def make_scheduler_with(scheduler_cls: Any, chunk: int = CHUNK, num_blocks: int = 20, **kwargs: Any) -> Any:
     from sched_harness import create_scheduler
 
     return create_scheduler(
         scheduler_cls=scheduler_cls,
         block_size=BLOCK,
-        num_blocks=20,
+        num_blocks=num_blocks,
         max_num_batched_tokens=chunk,
         max_num_seqs=4,
         max_model_len=256,
@@ -1205,3 +1201,215 @@ def test_a_request_resumed_with_a_connector_resumes_where_the_connector_was_told
     driver.run(30)
     assert "B" in driver.finished
     h.assert_all_blocks_free(scheduler)
+
+
+# ---------------------------------------------------------------------------
+# Sliding-window layouts (issue 29, part 1b): a model whose every layer has a window (one
+# SlidingWindowSpec group: Mistral with sliding_window), and full attention next to a
+# sliding window (two groups: Gemma-2/3). The KV-contents oracle follows every group (a
+# window's reads only inside the window) and the KV events are replayed for both.
+
+WINDOW_LAYOUTS = ["window", "full+window"]
+
+
+def window_groups(layout: str, window: int) -> list[Any]:
+    import torch
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheGroupSpec, SlidingWindowSpec
+
+    shape: dict[str, Any] = {"block_size": BLOCK, "num_kv_heads": 1, "head_size": 64, "dtype": torch.float32}
+    sliding = KVCacheGroupSpec(["sliding"], SlidingWindowSpec(**shape, sliding_window=window))
+    if layout == "window":
+        return [sliding]
+    return [KVCacheGroupSpec(["full"], FullAttentionSpec(**shape)), sliding]
+
+
+def make_window_scheduler(
+    layout: str,
+    window: int,
+    settings: dict[str, Any] | None = None,
+    *,
+    num_blocks: int = 20,
+    chunk: int = CHUNK,
+) -> Any:
+    """The RBLN scheduler (sub-blocks of 4 unless `settings` say otherwise) on a
+    sliding-window layout, with KV cache events on (the Driver replays them)."""
+    settings = h.sub_block_settings(4) if settings is None else settings
+    scheduler_cls = h.with_kv_events(
+        on_groups(h.rbln_scheduler_factory(settings), window_groups(layout, window)), False
+    )
+    return make_scheduler_with(scheduler_cls, chunk=chunk, num_blocks=num_blocks)
+
+
+def window_driver(scheduler: Any) -> h.Driver:
+    driver = h.Driver(scheduler)
+    assert driver.oracle is not None, "the KV-contents oracle follows every group"
+    assert driver.events is not None, "the KV events are replayed for every group"
+    return driver
+
+
+def shared_prefix_on_window(
+    layout: str,
+    window: int,
+    first_len: int,
+    shared_len: int,
+    second_len: int,
+    *,
+    a_running: bool = False,
+    sub_block_size: int | None = 4,
+) -> tuple[Any, h.Driver, h.StepRecord, int]:
+    """`run_shared_prefix` on a sliding-window layout."""
+    settings = None if sub_block_size is None else h.sub_block_settings(sub_block_size)
+    if sub_block_size is None:
+        settings = {"enable_sub_block_cache": False}
+    hash_size = BLOCK if sub_block_size is None else sub_block_size
+    scheduler = make_window_scheduler(layout, window, settings)
+    driver = window_driver(scheduler)
+    a_prompt = prompt(first_len, seed=1)
+    driver.add(h.make_request("A", a_prompt, max_tokens=8 if a_running else 1, hash_block_size=hash_size))
+    if a_running:
+        prefill_steps(driver, "A", first_len)
+        assert "A" not in driver.finished
+    else:
+        driver.run(10, until=["A"])
+        assert "A" in driver.finished
+    b_prompt = a_prompt[:shared_len] + prompt(second_len - shared_len, seed=2)
+    driver.add(h.make_request("B", b_prompt, max_tokens=2, hash_block_size=hash_size))
+    record = driver.step()
+    assert "B" in record.prefill_req_ids
+    return scheduler, driver, record, record.num_computed_before["B"]
+
+
+@pytest.mark.parametrize("layout", WINDOW_LAYOUTS)
+@pytest.mark.parametrize(
+    ("window", "first_len", "shared_len", "expected_hit"),
+    [
+        # A window longer than the prompts: every block in it. B extends A's 26 tokens:
+        # 24, inside A's second block; a sibling leaving inside A's first block: 12.
+        (64, 26, 26, 24),
+        (64, 26, 13, 12),
+        # A 40-token A, B leaving it after 29 tokens: 28, inside A's second block.
+        (64, 40, 29, 28),
+        # A window of 8 (under a block): a hit at 28 needs A's block 1 only (positions
+        # 21-27); block 0 is below the window, null in B's table.
+        (8, 40, 29, 28),
+        # A window of 20: a hit at 28 needs blocks 0 and 1 (positions 9-27).
+        (20, 40, 29, 28),
+    ],
+)
+def test_sub_block_hits_with_a_sliding_window(
+    layout: str, window: int, first_len: int, shared_len: int, expected_hit: int
+) -> None:
+    """A hit ends on a sub-block boundary inside a block in every group; the tail block
+    of each group is copied to a private block of B's (one copy per group), the blocks
+    below B's window are the null block in its sliding-window table, and every block is
+    free at the end. Shown failing on main's patches: a size given was refused (rule 3,
+    "got ['SlidingWindowSpec']" / "['FullAttentionSpec', 'SlidingWindowSpec']")."""
+    scheduler, driver, record, hit = shared_prefix_on_window(layout, window, first_len, shared_len, 40)
+    assert hit == expected_hit
+    groups = scheduler.kv_cache_config.kv_cache_groups
+    tables = scheduler.kv_cache_manager.get_blocks("B").blocks
+    tail = hit // BLOCK
+    copies = dict((dst, src) for src, dst in record.block_copies)
+    assert len(record.block_copies) == len(groups)
+    for group, table in zip(groups, tables, strict=True):
+        assert table[tail].block_id in copies, "each group's tail block is B's private copy"
+        window_size = getattr(group.kv_cache_spec, "sliding_window", None)
+        if window_size is not None:
+            below = max(0, hit - window_size + 1) // BLOCK
+            assert all(block.is_null for block in table[:below])
+            assert not any(block.is_null for block in table[below:])
+    driver.run(20)
+    assert driver.finished == {"A", "B"}
+    h.assert_all_blocks_free(scheduler)
+
+
+@pytest.mark.parametrize("layout", WINDOW_LAYOUTS)
+def test_whole_blocks_on_a_sliding_window_layout_hit_whole_blocks(layout: str) -> None:
+    """The control: sub-block caching off, the same 26 tokens shared hit 16 (one block)."""
+    _scheduler, driver, record, hit = shared_prefix_on_window(layout, 64, 26, 26, 40, sub_block_size=None)
+    assert hit == 16 and record.block_copies == []
+    driver.run(20)
+
+
+@pytest.mark.parametrize("layout", WINDOW_LAYOUTS)
+def test_a_running_request_s_tail_block_is_copied_in_every_group(layout: str) -> None:
+    """A still runs (decoding into its second block) when B hits 24 of its 26 tokens:
+    B's whole blocks are A's (shared read-only), its tail block in each group a copy that
+    no other request holds; A keeps writing its own."""
+    scheduler, driver, record, hit = shared_prefix_on_window(layout, 64, 26, 26, 40, a_running=True)
+    assert hit == 24
+    manager = scheduler.kv_cache_manager
+    for a_table, b_table in zip(manager.get_blocks("A").blocks, manager.get_blocks("B").blocks, strict=True):
+        assert b_table[0] is a_table[0] and a_table[0].ref_cnt == 2
+        assert b_table[1] is not a_table[1]
+        assert (a_table[1].block_id, b_table[1].block_id) in record.block_copies
+        assert not {b.block_id for b in b_table[1:]} & {a.block_id for a in a_table}
+    driver.run(30)
+    assert driver.finished == {"A", "B"}
+    h.assert_all_blocks_free(scheduler)
+
+
+@pytest.mark.parametrize("layout", WINDOW_LAYOUTS)
+def test_the_window_s_blocks_leave_the_table_and_stay_cached(layout: str) -> None:
+    """A 48-token prompt under a window of 8: once A has computed past a block's window,
+    the block leaves A's sliding-window table (null) and goes back to the pool, its
+    entries kept (free but cached); a sibling leaving A after 45 tokens then hits 44 with
+    only A's block 2 from the window group (positions 37-43), copied."""
+    scheduler = make_window_scheduler(layout, 8)
+    driver = window_driver(scheduler)
+    a_prompt = prompt(48, seed=1)
+    driver.add(h.make_request("A", a_prompt, max_tokens=6, hash_block_size=4))
+    prefill_steps(driver, "A", 48)
+    driver.step()  # A's first decode: its window's start has moved past blocks 0 and 1
+    sliding = len(scheduler.kv_cache_config.kv_cache_groups) - 1
+    a_window_table = scheduler.kv_cache_manager.get_blocks("A").blocks[sliding]
+    assert [block.is_null for block in a_window_table[:2]] == [True, True]
+    driver.add(h.make_request("B", a_prompt[:45] + prompt(10, seed=2), max_tokens=2, hash_block_size=4))
+    record = driver.step()
+    assert record.num_computed_before["B"] == 44
+    b_window_table = scheduler.kv_cache_manager.get_blocks("B").blocks[sliding]
+    assert [block.is_null for block in b_window_table[:2]] == [True, True]
+    assert len(record.block_copies) == len(scheduler.kv_cache_config.kv_cache_groups)
+    driver.run(30)
+    assert driver.finished == {"A", "B"}
+    h.assert_all_blocks_free(scheduler)
+
+
+def test_a_window_block_reused_cuts_the_hit_in_every_group() -> None:
+    """Full attention + a window of 8. A's full-attention blocks still hold its 26-token
+    prompt, but the window group's block holding A's positions 16-25 went to another
+    request: B, sharing A's 26 tokens, gets no hit inside that block in either group (the
+    coordinator cuts full attention's 24 to the window's), only A's first block, 16."""
+    scheduler = make_window_scheduler("full+window", 8, num_blocks=8)  # 7 usable
+    pool = scheduler.kv_cache_manager.block_pool
+    driver = window_driver(scheduler)
+    a_prompt = prompt(26, seed=1)
+    driver.add(h.make_request("A", a_prompt, max_tokens=1, hash_block_size=4))
+    driver.run(10, until=["A"])
+    from vllm.v1.core.kv_cache_utils import get_group_id
+
+    a_window_tail = next(
+        block
+        for block in pool.blocks
+        if block.block_hash is not None
+        and block.block_hash_num_tokens == 24
+        and get_group_id(block.block_hash) == 1
+    )
+    # The pool hands that block out (to a request that needs one) and gets it back: its
+    # entries go, the full-attention group's stay.
+    pool.touch([a_window_tail])
+    assert pool._maybe_evict_cached_block(a_window_tail)
+    pool.free_blocks([a_window_tail])
+    driver.add(h.make_request("B", a_prompt + prompt(14, seed=2), max_tokens=2, hash_block_size=4))
+    record = driver.step()
+    assert record.num_computed_before["B"] == 16
+    assert record.block_copies == []
+    driver.run(20)
+    h.assert_all_blocks_free(scheduler)
+
+
+@pytest.mark.parametrize("layout", WINDOW_LAYOUTS)
+def test_on_by_default_for_a_sliding_window_layout(layout: str) -> None:
+    """The default (no size given) takes sub-blocks at the prefill chunk on these layouts
+    too, as vllm-rbln 0.12.0 does; the hybrid coordinator's partial hits are on."""
+    assert_sub_blocks(make_window_scheduler(layout, 32, {}, chunk=8), 8)
