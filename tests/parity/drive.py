@@ -64,10 +64,44 @@ def declare_cr13_platform() -> None:
     platforms._current_platform = CR13CpuPlatform()
 
 
+# Group spec class names by layout, as both sides' KV cache configs must hold them.
+LAYOUT_GROUPS = {
+    "full": ["FullAttentionSpec"],
+    "mla": ["MLAAttentionSpec"],
+    "full+window": ["FullAttentionSpec", "SlidingWindowSpec"],
+}
+
+
+def _kv_cache_config(w: Workload, made: Any) -> Any:
+    """The KV cache config both sides run on: the harness's (`made`, one group of
+    `_kv_cache_spec`), or for `full+window` its full-attention group next to a sliding
+    window of a block and a half (Gemma-2's layout: two groups, one pool)."""
+    if w.kv_layout != "full+window":
+        return made
+    from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec, SlidingWindowSpec
+
+    full = made.kv_cache_groups[0].kv_cache_spec
+    window = SlidingWindowSpec(
+        block_size=full.block_size,
+        num_kv_heads=full.num_kv_heads,
+        head_size=full.head_size,
+        dtype=full.dtype,
+        sliding_window=full.block_size * 3 // 2,
+    )
+    return KVCacheConfig(
+        num_blocks=made.num_blocks,
+        kv_cache_tensors=[],
+        kv_cache_groups=[
+            KVCacheGroupSpec(["full"], full),
+            KVCacheGroupSpec(["window"], window),
+        ],
+    )
+
+
 def _kv_cache_spec(w: Workload) -> Any:
-    """The one KV cache group's spec, the same on both sides: None (the harness's full
+    """The first KV cache group's spec, the same on both sides: None (the harness's full
     attention), or MLA's latent (one KV head of DeepSeek-V2's 512 + 64)."""
-    if w.kv_layout == "full":
+    if w.kv_layout in ("full", "full+window"):
         return None
     assert w.kv_layout == "mla", w.kv_layout
     import torch
@@ -125,10 +159,10 @@ def make_ours(w: Workload) -> Any:
     enabled, size = _sub_block(w)
     rbln = h.rbln_scheduler_factory(h.sub_block_settings(size, enabled), async_scheduling=w.async_scheduling)
 
-    def scheduler_cls(*, vllm_config: Any, **kwargs: Any) -> Any:
+    def scheduler_cls(*, vllm_config: Any, kv_cache_config: Any, **kwargs: Any) -> Any:
         if w.connector is not None:
             _with_connector(w, vllm_config)
-        return rbln(vllm_config=vllm_config, **kwargs)
+        return rbln(vllm_config=vllm_config, kv_cache_config=_kv_cache_config(w, kv_cache_config), **kwargs)
 
     return create_scheduler(scheduler_cls=scheduler_cls, **_create_kwargs(w))
 
@@ -149,7 +183,7 @@ def make_vllm_rbln(w: Workload) -> Any:
     cls = RBLNAsyncScheduler if w.async_scheduling else RBLNScheduler
     scheduler = cls(
         vllm_config=vllm_config,
-        kv_cache_config=base.kv_cache_config,
+        kv_cache_config=_kv_cache_config(w, base.kv_cache_config),
         block_size=w.block_size,
         log_stats=True,
         structured_output_manager=base.structured_output_manager,
@@ -173,7 +207,7 @@ def run(side: str, w: Workload) -> dict[str, Any]:
     except Exception as error:  # a side refusing the configuration is a figure of its own
         return {"workload": w.name, "side": side, "error": f"{type(error).__name__}: {error}"}
     groups = [type(g.kv_cache_spec).__name__ for g in scheduler.kv_cache_config.kv_cache_groups]
-    assert groups == [{"full": "FullAttentionSpec", "mla": "MLAAttentionSpec"}[w.kv_layout]], groups
+    assert groups == LAYOUT_GROUPS[w.kv_layout], groups
     driver = h.Driver(
         scheduler,
         accept=lambda req_id, num_drafts: w.accepted,

@@ -80,7 +80,9 @@ class Workload:
     accepted: int = 0  # drafts the simulated model accepts per step
     prefix_caching: bool = False
     sub_block_size: int | None = None  # sub-block prefix caching on, at this size
-    kv_layout: str = "full"  # the one KV cache group: "full" attention or "mla" (a latent per token)
+    # The KV cache groups: "full" attention or "mla" (a latent per token), one group; or
+    # "full+window", full attention next to a sliding window (Gemma-2's two groups).
+    kv_layout: str = "full"
     connector: Connector | None = None
     empty_connector: bool = False  # vLLM's MockKVConnector finding nothing
     policy: str = "fcfs"
@@ -232,6 +234,29 @@ WORKLOADS: tuple[Workload, ...] = (
         prefix_caching=True,
         sub_block_size=8,
         kv_layout="mla",
+    ),
+    Workload(
+        name="window-sub-block-shared-prefix",
+        what="sub-block-shared-prefix on full attention + a sliding window of 24 (two groups)",
+        arrivals=tuple(
+            Arrival(f"req-{i}", 44, 4, at_step=6 * i, seed=20 + i, shared_prefix=30) for i in range(6)
+        ),
+        judged=(Figure.FINISHED, Figure.HIT_TOKENS, Figure.LEAKED),
+        prefix_caching=True,
+        sub_block_size=4,
+        kv_layout="full+window",
+    ),
+    Workload(
+        name="window-sub-block-siblings",
+        what="sub-block-siblings on full attention + a sliding window of 48 (two groups)",
+        arrivals=tuple(
+            Arrival(f"req-{i}", 40, 8, at_step=2 * i, seed=60 + i, shared_prefix=24) for i in range(6)
+        ),
+        judged=(Figure.FINISHED, Figure.HIT_TOKENS, Figure.LEAKED),
+        block_size=32,
+        prefix_caching=True,
+        sub_block_size=8,
+        kv_layout="full+window",
     ),
     Workload(
         name="pd-decode-side",
