@@ -44,8 +44,10 @@ def _spec(layout: str) -> Any:
         # lays the KV tensor out for RBLNFlashAttentionBackend (K and V), not for vllm-rbln's
         # MLA backend; the scheduler tier covers MLA.
         ("full", rh.CHUNK, rh.BLOCK_SIZE),
-        # Whole blocks: a sliding window (rule 3), which keeps its window as its kernel block.
-        ("sliding-window", None, 16),
+        # A sliding window (rule 3 takes it since issue 29's part 1b): sub-blocks at the chunk,
+        # and the runner compiles the layer on the manager block, as with vllm-rbln's own rules
+        # (before part 1b: whole blocks, its window as its kernel block, 16).
+        ("sliding-window", rh.CHUNK, rh.BLOCK_SIZE),
         # Whole blocks: a connector not known to key on tokens (rule 5; vLLM's mock is keyed on
         # nothing, but nobody listed it in sub_block_verified_connectors).
         ("connector", None, rh.BLOCK_SIZE),
