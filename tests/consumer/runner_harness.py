@@ -36,8 +36,10 @@ from typing import Any
 import sched_harness as h
 import torch
 
-# One attention layer, named as a model's are (vllm-rbln reads the layer index from it).
+# One attention layer, named as a model's are (vllm-rbln reads the layer index from it), and a
+# second one with a sliding window where a build asks for one (`build(window=...)`).
 LAYER = "model.layers.0.self_attn.attn"
+WINDOW_LAYER = "model.layers.1.self_attn.attn"
 HEADS = 1
 HEAD_SIZE = 4
 # vllm-rbln's default geometry: 32-token blocks, 16-token prefill chunks, so the default
@@ -250,6 +252,7 @@ def build(
     prefix_caching: bool = True,
     rbln_settings: dict[str, Any] | None = None,
     kv_cache_spec: Any = None,
+    window: int | None = None,
     chunks_cross_kv_blocks: bool = False,
     **harness: Any,
 ) -> Built:
@@ -257,17 +260,36 @@ def build(
 
     The config passes through vllm-rbln's platform hook as an engine's does (its
     `additional_config` becomes vllm-rbln's `RBLNConfig`, `_wire` names the scheduler class);
-    `chunks_cross_kv_blocks`: the scheduler is built on a platform declaring a device that
-    may prefill a chunk across KV blocks (`sched_harness.chunks_may_cross_kv_blocks`)."""
+    `window`: a second layer, `WINDOW_LAYER`, with a sliding window of that many tokens, in a
+    KV cache group of its own (full attention next to a sliding window, as Gemma-2's; the
+    groups share the one block pool, and each layer has its own KV tensor, as vllm-rbln
+    allocates them); `chunks_cross_kv_blocks`: the scheduler is built on a platform declaring
+    a device that may prefill a chunk across KV blocks (`sched_harness.chunks_may_cross_kv_blocks`)."""
     from sched_harness import create_scheduler
     from vllm.config import set_current_vllm_config
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, KVCacheTensor
+    from vllm.v1.kv_cache_interface import (
+        FullAttentionSpec,
+        KVCacheConfig,
+        KVCacheGroupSpec,
+        KVCacheTensor,
+        SlidingWindowSpec,
+    )
     from vllm_rbln.config import build_rbln_config
     from vllm_rbln.v1.worker.rbln_model_runner import RBLNModelRunner
 
     spec = kv_cache_spec or FullAttentionSpec(
         block_size=block_size, num_kv_heads=HEADS, head_size=HEAD_SIZE, dtype=torch.float32
     )
+    layers = {LAYER: spec}
+    if window is not None:
+        layers[WINDOW_LAYER] = SlidingWindowSpec(
+            block_size=block_size,
+            num_kv_heads=HEADS,
+            head_size=HEAD_SIZE,
+            dtype=torch.float32,
+            sliding_window=window,
+        )
+    groups = [KVCacheGroupSpec([name], layer_spec) for name, layer_spec in layers.items()]
     made: dict[str, Any] = {}
     rbln = h.rbln_scheduler_factory(
         build_rbln_config(dict(rbln_settings or {})), chunks_cross_kv_blocks=chunks_cross_kv_blocks
@@ -276,6 +298,10 @@ def build(
     def scheduler_cls(*, vllm_config: Any, kv_cache_config: Any, **kwargs: Any) -> Any:
         made["vllm_config"] = vllm_config
         made["scheduler_cls"] = vllm_config.scheduler_config.scheduler_cls  # as _wire named it
+        # vLLM's harness makes one group, of the spec it is given.
+        kv_cache_config = KVCacheConfig(
+            num_blocks=kv_cache_config.num_blocks, kv_cache_tensors=[], kv_cache_groups=groups
+        )
         made["kv_cache_config"] = kv_cache_config
         return rbln(vllm_config=vllm_config, kv_cache_config=kv_cache_config, **kwargs)
 
@@ -295,20 +321,21 @@ def build(
         f"vllm-rbln's platform named {made['scheduler_cls']} as the scheduler class"
     )
     vllm_config.model_config.enforce_eager = True  # KV copies as torch copies (no compiled runtime)
-    vllm_config.compilation_config.static_forward_context[LAYER] = attention_layer(spec)
-    page = spec.page_size_bytes
-    scheduler_kv: Any = made["kv_cache_config"]
+    for name, layer_spec in layers.items():
+        vllm_config.compilation_config.static_forward_context[name] = attention_layer(layer_spec)
+    num_blocks = made["kv_cache_config"].num_blocks
     kv_cache_config = KVCacheConfig(
-        num_blocks=scheduler_kv.num_blocks,
+        num_blocks=num_blocks,
         kv_cache_tensors=[
             KVCacheTensor(
-                size=page * scheduler_kv.num_blocks,
-                layers=[LAYER],
-                layer_stride=page * scheduler_kv.num_blocks,
-                block_stride=page,
+                size=layer_spec.page_size_bytes * num_blocks,
+                layers=[name],
+                layer_stride=layer_spec.page_size_bytes * num_blocks,
+                block_stride=layer_spec.page_size_bytes,
             )
+            for name, layer_spec in layers.items()
         ],
-        kv_cache_groups=[KVCacheGroupSpec([LAYER], spec)],
+        kv_cache_groups=groups,
     )
     forward = Forward()
     with set_current_vllm_config(vllm_config):
@@ -338,34 +365,36 @@ class Coverage:
     non_last_stage_steps: int = 0  # steps the runner ran as a non-last pipeline stage
 
 
-def _kv(runner: Any) -> tuple[torch.Tensor, int]:
-    (kv,) = runner.kv_caches
-    return kv, runner.kv_cache_block_axes[LAYER]
+def stamp_kv(runner: Any) -> list[torch.Tensor]:
+    """Give every slot of every KV block of every layer a value of its own; returns the stamps,
+    in the order of `runner.kv_caches`."""
+    stamps = []
+    offset = 0
+    for kv in runner.kv_caches:
+        stamp = torch.arange(offset, offset + kv.numel(), dtype=kv.dtype).reshape(kv.shape)
+        kv.copy_(stamp)
+        stamps.append(stamp)
+        offset += kv.numel()
+    return stamps
 
 
-def stamp_kv(runner: Any) -> torch.Tensor:
-    """Give every slot of every KV block a value of its own; returns the stamp."""
-    kv, _ = _kv(runner)
-    stamp = torch.arange(kv.numel(), dtype=kv.dtype).reshape(kv.shape)
-    kv.copy_(stamp)
-    return stamp
-
-
-def check_copies(runner: Any, stamp: torch.Tensor, copies: list[tuple[int, int]]) -> None:
-    """After the step's copies: each destination block holds its source's KV, every other block
-    its own."""
-    kv, axis = _kv(runner)
-    expected = stamp.clone()
-    for src, dst in copies:
-        expected.select(axis, dst).copy_(stamp.select(axis, src))
-    for block in range(kv.shape[axis]):
-        got, want = kv.select(axis, block), expected.select(axis, block)
-        if not torch.equal(got, want):
-            sources = [s for s, d in copies if d == block]
-            raise AssertionError(
-                f"KV block {block} after the step's copies {copies}: "
-                + (f"not a copy of block {sources[0]}" if sources else "changed, and no copy names it")
-            )
+def check_copies(runner: Any, stamps: list[torch.Tensor], copies: dict[str, list[tuple[int, int]]]) -> None:
+    """After the step's copies: in each layer's KV tensor, each destination block of the layer's
+    copies (`copies[layer]`) holds its source's KV, every other block its own."""
+    for name, kv, stamp in zip(runner.kv_cache_names, runner.kv_caches, stamps, strict=True):
+        axis = runner.kv_cache_block_axes[name]
+        layer_copies = copies.get(name, [])
+        expected = stamp.clone()
+        for src, dst in layer_copies:
+            expected.select(axis, dst).copy_(stamp.select(axis, src))
+        for block in range(kv.shape[axis]):
+            got, want = kv.select(axis, block), expected.select(axis, block)
+            if not torch.equal(got, want):
+                sources = [s for s, d in layer_copies if d == block]
+                raise AssertionError(
+                    f"{name}'s KV block {block} after the step's copies {layer_copies}: "
+                    + (f"not a copy of block {sources[0]}" if sources else "changed, and no copy names it")
+                )
 
 
 @dataclass
@@ -410,7 +439,22 @@ def run_step(built: Built, batch: Any, coverage: Coverage) -> None:
     computed.update(zip(cached.req_ids, cached.num_computed_tokens, strict=True))
     coverage.resumed += len(cached.resumed_req_ids)
     copies = [(c.src_block_id, c.dst_block_id) for c in output.kv_cache_block_copies or ()]
-    stamp = stamp_kv(runner)
+    # The copies: one for each admission whose hit ends inside a block, in each KV cache group,
+    # into the block of the request's table that holds the hit's end.
+    block_size = built.vllm_config.cache_config.block_size
+    groups = scheduler.kv_cache_config.kv_cache_groups
+    wanted: dict[str, dict[str, int]] = {}  # layer -> request -> the block its copy fills
+    for data in output.scheduled_new_reqs:
+        hit = data.num_computed_tokens
+        if hit % block_size:
+            tables = scheduler.kv_cache_manager.get_block_ids(data.req_id)
+            for group, table in zip(groups, tables, strict=True):
+                (layer,) = group.layer_names
+                wanted.setdefault(layer, {})[data.req_id] = list(table)[hit // block_size]
+    layer_copies = {
+        layer: [(src, dst) for src, dst in copies if dst in blocks.values()] for layer, blocks in wanted.items()
+    }
+    stamps = stamp_kv(runner)
     calls = len(built.forward.calls)
     with set_current_vllm_config(built.vllm_config):
         try:
@@ -419,7 +463,7 @@ def run_step(built: Built, batch: Any, coverage: Coverage) -> None:
             result = None
     if not scheduled:
         assert result is not None and len(built.forward.calls) == calls, "an empty step reached the forward"
-        check_copies(runner, stamp, copies)
+        check_copies(runner, stamps, layer_copies)
         return
     assert len(built.forward.calls) == calls + 1, "execute_model returned before the forward"
     inputs = built.forward.calls[-1]
@@ -436,24 +480,17 @@ def run_step(built: Built, batch: Any, coverage: Coverage) -> None:
         coverage.decode_steps += 1
         coverage.max_decode_batch = max(coverage.max_decode_batch, len(scheduled))
 
-    # The copies: one for each admission whose hit ends inside a block, into the block of the
-    # request's table that holds the hit's end, from a block the request does not hold; made
-    # before the forward.
-    block_size = built.vllm_config.cache_config.block_size
-    wanted = {}
-    for data in output.scheduled_new_reqs:
-        hit = data.num_computed_tokens
-        if hit % block_size:
-            wanted[data.req_id] = list(scheduler.kv_cache_manager.get_block_ids(data.req_id)[0])[
-                hit // block_size
-            ]
-    assert sorted(dst for _, dst in copies) == sorted(wanted.values()), (
+    # Each copy from a block no request of the step holds, into a block above (`wanted`); made
+    # before the forward, in the layers of its own group.
+    assert sorted(dst for _, dst in copies) == sorted(b for blocks in wanted.values() for b in blocks.values()), (
         f"copies {copies}: the blocks holding the ends of the hits are {wanted}"
     )
     for src, _ in copies:
-        holders = [r for r in scheduled if src in scheduler.kv_cache_manager.get_block_ids(r)[0]]
+        holders = [
+            r for r in scheduled if any(src in table for table in scheduler.kv_cache_manager.get_block_ids(r))
+        ]
         assert not holders, f"a copy from block {src}, which {holders} hold"
-    check_copies(runner, stamp, copies)
+    check_copies(runner, stamps, layer_copies)
     coverage.copies += len(copies)
     if copies and len(scheduled) > 1:
         coverage.copies_in_multi_request_steps += len(copies)
@@ -462,7 +499,7 @@ def run_step(built: Built, batch: Any, coverage: Coverage) -> None:
     assert sorted(batch_ids) == sorted(scheduled), (batch_ids, sorted(scheduled))
     input_ids = inputs["input_ids"]
     positions = inputs["positions"]
-    table = runner.input_batch.block_table[0]
+    null_block = scheduler.kv_cache_manager.block_pool.null_block.block_id
     for row, req_id in enumerate(batch_ids):
         ids, pos = _row_tokens(scheduler, output, req_id, computed[req_id])
         n = len(ids)
@@ -474,11 +511,20 @@ def run_step(built: Built, batch: Any, coverage: Coverage) -> None:
         )
         if req_id in drafts:
             coverage.draft_rows += 1
-        # The block table: the request state and the persistent row, the scheduler's.
-        blocks = list(scheduler.kv_cache_manager.get_block_ids(req_id)[0])
-        assert list(runner.requests[req_id].block_ids[0]) == blocks, f"{req_id}: the runner's table"
-        assert int(table.num_blocks_per_row[row]) == len(blocks), f"{req_id}: the persistent row's length"
-        assert table.block_table.np[row, : len(blocks)].tolist() == blocks, f"{req_id}: the persistent row"
+        # The block tables, of every KV cache group: the request state and the persistent row,
+        # the scheduler's. A block that left a sliding window is the null block in the
+        # scheduler's table and stays in the runner's: nothing tells the runner (upstream's
+        # contract; attention never reads below the window).
+        tables = scheduler.kv_cache_manager.get_block_ids(req_id)
+        for group, blocks in enumerate(map(list, tables)):
+            table = runner.input_batch.block_table[group]
+            where = f"{req_id}, KV cache group {group}"
+            state = list(runner.requests[req_id].block_ids[group])
+            row_blocks = table.block_table.np[row, : int(table.num_blocks_per_row[row])].tolist()
+            for name, got in (("the runner's table", state), ("the persistent row", row_blocks)):
+                assert len(got) == len(blocks) and all(
+                    ours in (theirs, null_block) for ours, theirs in zip(blocks, got, strict=True)
+                ), f"{where}: {name} {got}, the scheduler's {blocks}"
         # The discard mask: a chunk that does not reach the request's known tokens samples nothing.
         samples = req_id in batch.record.sampled_req_ids
         assert bool(runner.discard_request_mask[row]) == (not samples), f"{req_id}: the discard mask"

@@ -53,6 +53,23 @@ def test_sub_block_hits_at_the_default_chunk() -> None:
     assert first_b.num_computed_before["b"] == 48
 
 
+def test_sub_block_hits_with_full_attention_next_to_a_sliding_window() -> None:
+    """Full attention next to a 16-token sliding window (two KV cache groups, one block pool, a
+    KV tensor a layer): a hit that ends inside block 1 brings one copy per group, each made in
+    its own group's layer (the adoption patch tags a copy with the group whose new block is its
+    destination), and B's window table holds the null block below its window."""
+    driver = rh.drive(rh.build(window=16))
+    shared = h.distinct_prompt(5, 50)
+    driver.add(request("a", shared))
+    driver.run(20)
+    driver.add(request("b", shared[:48] + h.distinct_prompt(9, 10)))
+    driver.run(20)
+    assert driver.finished == {"a", "b"}
+    assert driver.coverage.copies == 2, driver.coverage
+    first_b = next(s for s in driver.steps if "b" in s.num_scheduled_tokens)
+    assert first_b.num_computed_before["b"] == 48
+
+
 def test_preemption_and_resume() -> None:
     """Three decodes outgrow a pool of 6 blocks: preempted requests resume with their whole
     table (`resumed_req_ids`), which the runner's persistent rows take."""
