@@ -452,7 +452,8 @@ def run_step(built: Built, batch: Any, coverage: Coverage) -> None:
                 (layer,) = group.layer_names
                 wanted.setdefault(layer, {})[data.req_id] = list(table)[hit // block_size]
     layer_copies = {
-        layer: [(src, dst) for src, dst in copies if dst in blocks.values()] for layer, blocks in wanted.items()
+        layer: [(src, dst) for src, dst in copies if dst in blocks.values()]
+        for layer, blocks in wanted.items()
     }
     stamps = stamp_kv(runner)
     calls = len(built.forward.calls)
@@ -482,7 +483,8 @@ def run_step(built: Built, batch: Any, coverage: Coverage) -> None:
 
     # Each copy from a block no request of the step holds, into a block above (`wanted`); made
     # before the forward, in the layers of its own group.
-    assert sorted(dst for _, dst in copies) == sorted(b for blocks in wanted.values() for b in blocks.values()), (
+    filled = sorted(block for blocks in wanted.values() for block in blocks.values())
+    assert sorted(dst for _, dst in copies) == filled, (
         f"copies {copies}: the blocks holding the ends of the hits are {wanted}"
     )
     for src, _ in copies:
