@@ -145,21 +145,33 @@ def test_sub_block_8_on_a_cr13() -> None:
     assert driver.coverage.copies == 1
 
 
-def test_a_copy_to_a_wrong_block_is_caught() -> None:
+@pytest.mark.parametrize(
+    ("wrong", "error", "match"),
+    [
+        # Into the request's first block (A's, shared): the harness's check of the copies.
+        ("a block of the request", AssertionError, "the blocks holding the ends of the hits"),
+        # Into the block after it, which the step gives no request: the runner cannot tell its
+        # KV cache group (the adoption patch's `_kv_cache_copy_ops`) and refuses it.
+        ("a block of no request", RuntimeError, "which the step gives no request"),
+    ],
+)
+def test_a_copy_to_a_wrong_block_is_caught(wrong: str, error: type[Exception], match: str) -> None:
     """The checks can fail: the sub-block workload with its copy sent to another block."""
     from vllm.v1.core.kv_cache_utils import KVCacheBlockCopy
 
     def wrong_block(output: Any) -> None:
         if output.kv_cache_block_copies:
             (copy,) = output.kv_cache_block_copies
-            output.kv_cache_block_copies = [KVCacheBlockCopy(copy.src_block_id, copy.dst_block_id + 1)]
+            (new,) = output.scheduled_new_reqs
+            dst = new.block_ids[0][0] if wrong == "a block of the request" else copy.dst_block_id + 1
+            output.kv_cache_block_copies = [KVCacheBlockCopy(copy.src_block_id, dst)]
 
     driver = rh.drive(rh.build(), tamper=wrong_block)
     shared = h.distinct_prompt(5, 50)
     driver.add(request("a", shared))
     driver.run(20)
     driver.add(request("b", shared[:48] + h.distinct_prompt(9, 10)))
-    with pytest.raises(AssertionError, match="the blocks holding the ends of the hits"):
+    with pytest.raises(error, match=match):
         driver.run(20)
 
 

@@ -99,7 +99,38 @@ def make_mla_model(dest: Path, seed: int = 0) -> Path:
     return dest
 
 
-MODELS = {"tiny-llama": make_model, "tiny-deepseek-mla": make_mla_model}
+def make_window_model(dest: Path, seed: int = 0) -> Path:
+    """A random Gemma-2 of two layers, one with full attention and one with a sliding window of
+    ``WINDOW_TOKENS`` (Gemma-2 alternates them; vLLM makes two KV cache groups), head_dim 64
+    (the CPU kernel refuses 16). No tokenizer: the cases send token ids."""
+    import torch
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Gemma2Config(
+        vocab_size=VOCAB,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        max_position_embeddings=MAX_MODEL_LEN,
+        sliding_window=WINDOW_TOKENS,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
+    Gemma2ForCausalLM(config).save_pretrained(dest, safe_serialization=True)
+    return dest
+
+
+WINDOW_TOKENS = 48
+MODELS = {
+    "tiny-llama": make_model,
+    "tiny-deepseek-mla": make_mla_model,
+    "tiny-gemma2-window": make_window_model,
+}
 
 
 def prompts_with_shared_prefixes(seed: int, count: int, prefixes: int = 4) -> list[list[int]]:
