@@ -58,8 +58,10 @@ def installed_marker(env_dir: Path, lock: Path) -> Path:
     return env_dir / f".complete-{lock.stem}"
 
 
-def make_venv(env_dir: Path) -> None:
-    """A venv with pip, or a sentence saying what the system lacks (never a traceback)."""
+def make_venv(env_dir: Path) -> str | None:
+    """A venv with pip and uv, or with pip alone where uv cannot be installed, or a sentence
+    saying what the system lacks (never a traceback). Returns what ``pip config list`` printed
+    for the venv, read while uv was being installed (None where it was not read)."""
     import shutil
     import subprocess
     import venv
@@ -76,15 +78,19 @@ def make_venv(env_dir: Path) -> None:
     except ImportError:
         sys.exit(missing)
     # ensurepip installs pip (and setuptools) with pip, compiling every module: some 20 s.
-    # Its own pip wheel, run from the file, installs uv instead; uv then installs pip from
-    # that wheel in a moment. Where that fails, the venv is made the usual way.
+    # A pip installs uv instead (this Python's own, or the wheel ensurepip carries); uv then
+    # installs pip from that wheel in a moment. Where that fails, the venv is made the usual
+    # way, and install() says that pip installs the lock.
     wheels = sorted(Path(ensurepip.__file__).parent.glob("_bundled/pip-*.whl"))
     try:
         venv.EnvBuilder(with_pip=False).create(env_dir)
         python = env_dir / "bin" / "python"
-        if wheels and _uv_and_pip_from(wheels[-1], python):
-            return
+        if wheels:
+            made = _uv_and_pip_from(wheels[-1], python)
+            if made is not None:
+                return made
         venv.EnvBuilder(with_pip=True).create(env_dir)
+        return None
     except subprocess.CalledProcessError as exc:
         shutil.rmtree(env_dir, ignore_errors=True)
         output = exc.output.decode(errors="replace") if isinstance(exc.output, bytes) else str(exc.output)
@@ -96,24 +102,52 @@ def make_venv(env_dir: Path) -> None:
         )
 
 
-def _uv_and_pip_from(pip_wheel: Path, python: Path) -> bool:
-    """Install uv (``bootstrap.lock``) with the pip of ``pip_wheel``, run from the file, then
-    pip from that wheel with uv; False (and nothing said) if either fails."""
+def quickest_pip(python: Path, pip_wheel: Path) -> list[str]:
+    """A pip command that installs into the venv of ``python``: this interpreter's own pip
+    where it has one that takes ``--python`` (22.3 and later), since its modules are compiled
+    already; else ``pip_wheel``'s, run from the file, which compiles every module it imports
+    (a second more). Either reads the venv's configuration, as the venv's own pip would."""
+    from importlib import metadata
+
+    try:
+        release = tuple(int(part) for part in metadata.version("pip").split(".")[:2])
+    except (metadata.PackageNotFoundError, ValueError):
+        release = ()
+    if release >= (22, 3):
+        return [sys.executable, "-m", "pip", "--python", str(python), "--disable-pip-version-check"]
+    return [str(python), str(pip_wheel / "pip"), "--disable-pip-version-check"]
+
+
+def _uv_and_pip_from(pip_wheel: Path, python: Path) -> str | None:
+    """Install uv (``bootstrap.lock``) with :func:`quickest_pip`, then pip from ``pip_wheel``
+    with uv; meanwhile, on the other core, read pip's configuration (``pip config list``) for
+    install(). None (and nothing said: make_venv then makes the venv with ensurepip) if uv or
+    pip cannot be installed; the configuration's text, or "" if pip could not say."""
     import subprocess
 
     quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, "check": False}
     lock = REQUIREMENTS / "bootstrap.lock"
-    pip = [str(python), str(pip_wheel / "pip"), "install", "--quiet", "--disable-pip-version-check"]
-    if subprocess.run([*pip, "--require-hashes", "-r", str(lock)], **quiet).returncode != 0:  # type: ignore[call-overload]
-        return False
+    pip = quickest_pip(python, pip_wheel)
+    config = subprocess.Popen(
+        [*pip, "config", "list"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    )
+    try:
+        got_uv = subprocess.run([*pip, "install", "--quiet", "--require-hashes", "-r", str(lock)], **quiet)  # type: ignore[call-overload]
+    finally:
+        listed, _ = config.communicate()
+    if got_uv.returncode != 0:
+        return None
     uv = [str(python.parent / "uv"), "pip", "install", "--quiet", "--python", str(python), "--offline"]
-    return subprocess.run([*uv, str(pip_wheel)], **quiet).returncode == 0  # type: ignore[call-overload]
+    if subprocess.run([*uv, str(pip_wheel)], **quiet).returncode != 0:  # type: ignore[call-overload]
+        return None
+    return listed if config.returncode == 0 else ""
 
 
-def install(python: Path, lock: Path) -> None:
+def install(python: Path, lock: Path, pip_config: str | None = None) -> None:
     """Install ``lock`` (hashes required) into the env of ``python``: with uv, from a cache
     shared by every env (hardlinks, no bytecode compiled up front), after installing uv
-    itself with pip from ``bootstrap.lock``; with pip where uv cannot be installed."""
+    itself with pip from ``bootstrap.lock``; with pip where uv cannot be installed.
+    ``pip_config``: what ``pip config list`` printed for this env, if read already."""
     import subprocess
 
     pip = [str(python), "-m", "pip", "--disable-pip-version-check"]
@@ -130,7 +164,7 @@ def install(python: Path, lock: Path) -> None:
     if uv.exists():
         from vllm_rbln_fork.pipconfig import uv_settings  # standard library only; ROOT is on sys.path
 
-        options, env = uv_settings(python)
+        options, env = uv_settings(python, pip_config or None)
         command = [str(uv), "pip", "install", "--quiet", "--python", str(python), "--require-hashes"]
         done = subprocess.run([*command, *options, "-r", str(lock)], env=env, check=False)
     else:
@@ -172,11 +206,12 @@ def ensure_tool_env(env_dir: Path, lock: Path) -> Path:
     with held(env_dir.parent / f"{env_dir.name}.lock", waiting):
         if done.exists():
             return python
+        pip_config = None
         if not any(installed_marker(env_dir, REQUIREMENTS / name).exists() for name in LOCKS):
             shutil.rmtree(env_dir, ignore_errors=True)  # a half-made env from an interrupted run
-            make_venv(env_dir)
+            pip_config = make_venv(env_dir)
         print(f"build.py: installing {lock.relative_to(ROOT)} into {env_dir}", file=sys.stderr)
-        install(python, lock)
+        install(python, lock, pip_config)
         for name in LOCKS[: LOCKS.index(lock.name) + 1]:  # a lock holds every one before it
             installed_marker(env_dir, REQUIREMENTS / name).write_text((REQUIREMENTS / name).read_text())
     return python

@@ -77,11 +77,14 @@ def uv_options(settings: dict[str, str]) -> tuple[list[str], dict[str, str]]:
     return ([*options, "--no-index"] if no_index else options), env
 
 
-def uv_settings(python: str | os.PathLike[str] = sys.executable) -> tuple[list[str], dict[str, str]]:
+def uv_settings(
+    python: str | os.PathLike[str] = sys.executable, pip_config: str | None = None
+) -> tuple[list[str], dict[str, str]]:
     """uv's options and full environment for installing what pip (of ``python``) would: pip's
     indexes (:func:`uv_options`), in this process's environment without uv's own, and pip's CA
-    bundle for uv's TLS where none is set."""
-    settings = configured_pip_settings(str(python))
+    bundle for uv's TLS where none is set. ``pip_config``: ``pip config list``'s output for
+    ``python``, where the caller has read it already (build.py reads it while it installs uv)."""
+    settings = pip_settings(pip_config) if pip_config is not None else configured_pip_settings(str(python))
     options, index_env = uv_options(settings)
     env = uv_environment(dict(os.environ), index_env)
     if settings.get("cert") and "SSL_CERT_FILE" not in env:

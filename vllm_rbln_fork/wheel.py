@@ -24,6 +24,7 @@ from .manifest import BuildManifest, module_source
 
 COMPILED_SUFFIXES = (".so", ".pyd", ".dll", ".dylib", ".o", ".a", ".exe")
 MANIFEST_MODULE = "vllm/_rbln_build.py"
+HOOK_RUNNER = Path(__file__).with_name("hook_runner.py")
 LOCAL_HEADER = struct.Struct("<4s22xHH")  # a zip entry's local header: signature ... name and extra lengths
 ZIP_EPOCH_MIN = 315532800  # 1980-01-01: a zip file cannot say an earlier time
 
@@ -54,7 +55,9 @@ def build_wheel(tree: Path, version: str, epoch: int, manifest: BuildManifest, o
     --skip-dependency-check`` calls it (pyproject_hooks, in a subprocess of its own), without
     that front end's own interpreter; and a setuptools backend writes its wheel uncompressed
     (``--compression=stored``), since :func:`repack_pure` deflates every entry anyway: each
-    file is deflated once, as in a plain ``pip wheel``, not deflated, inflated and copied."""
+    file is deflated once, as in a plain ``pip wheel``, not deflated, inflated and copied.
+    setuptools' two copies of the tree's files (``build_py``, ``install_lib``) are hard links
+    (:mod:`vllm_rbln_fork.hook_runner`)."""
     # pyproject_hooks (what ``build`` calls the hooks with), not ``build.ProjectBuilder``:
     # inside this project's tool process ``import build`` finds the repository's build.py.
     from pyproject_hooks import BackendUnavailable, BuildBackendHookCaller, HookMissing
@@ -63,10 +66,15 @@ def build_wheel(tree: Path, version: str, epoch: int, manifest: BuildManifest, o
     env = build_env(version, epoch)
     hint = "vLLM's setup.py failed on the patched tree; its output is above."
 
+    # The hook runs as pyproject_hooks runs it (cmd: python, its _in_process script, the hook,
+    # its control folder), through hook_runner, which makes setuptools' copies hard links.
+    links = ["--link-copies"] if backend.startswith("setuptools.") else []
+
     def runner(
         cmd: Sequence[str], cwd: str | None = None, extra_environ: Mapping[str, str] | None = None
     ) -> None:
-        proc.run(cmd, cwd=Path(cwd) if cwd else tree, env={**env, **(extra_environ or {})}, hint=hint)
+        wrapped = [cmd[0], str(HOOK_RUNNER), *links, *cmd[1:]]
+        proc.run(wrapped, cwd=Path(cwd) if cwd else tree, env={**env, **(extra_environ or {})}, hint=hint)
 
     # --skip-dependency-check, as before: the build lock holds what an empty build uses, not
     # cmake and ninja (vLLM's build-system.requires), which only compile kernels; nor torch
