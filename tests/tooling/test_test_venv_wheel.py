@@ -1,33 +1,49 @@
 """The test runner puts each new RBLN wheel into the warm vLLM test venv: a real venv, the
-real installer (uv from the tool env, or pip where uv's binary is missing), synthetic wheels
+real installer (uv from the tool env), synthetic wheels
 named like ours."""
 
 from __future__ import annotations
 
-import venv
 from pathlib import Path
 
 import indexkit as kit  # tests/support, put on sys.path by tests/tooling/conftest.py
 import pytest
 
-from vllm_rbln_fork.errors import FailedProcess
-from vllm_rbln_fork.testing.runner import install_wheel
+from vllm_rbln_fork.errors import FailedProcess, ForkError
+from vllm_rbln_fork.testing.runner import install_wheel, make_locked_venv
 
 
-@pytest.fixture(params=["uv", "pip"])
-def python(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
-    """A fresh venv's python; each case runs with uv, and with pip as when uv's binary is
-    missing (the test venvs have pip: vllm_venv makes them with it)."""
-    if request.param == "uv":
-        return kit.fresh_venv(tmp_path / "venv")
+@pytest.fixture
+def python(tmp_path: Path) -> Path:
+    """A fresh venv's python."""
+    return kit.fresh_venv(tmp_path / "venv")
+
+
+def test_a_tool_env_without_uv_is_named_with_the_way_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The test lock has uv, so a missing binary is a damaged tool env: said, never a silent
+    turn to pip (which took minutes where uv takes seconds)."""
     import uv
 
     def missing() -> str:
         raise FileNotFoundError("uv")
 
     monkeypatch.setattr(uv, "find_uv_bin", missing)
-    venv.EnvBuilder(with_pip=True).create(tmp_path / "venv")
-    return tmp_path / "venv" / "bin" / "python"
+    with pytest.raises(ForkError, match="no uv binary .* Delete that folder and run the same command again"):
+        install_wheel(tmp_path / "venv" / "bin" / "python", tmp_path / "x.whl", tmp_path / "vllm-test.lock")
+
+
+def test_a_locked_venv_is_made_without_ensurepip_and_has_pip(tmp_path: Path) -> None:
+    """make_locked_venv: uv's venv with the pip and setuptools wheels ensurepip carries (the
+    conformance tier lists packages with pip), then the lock."""
+    lock = tmp_path / "empty.lock"
+    lock.write_text("")
+    python = make_locked_venv(tmp_path / "venv", lock)
+    listed = kit.venv_python(python, "import setuptools, pip; print(pip.__version__)")
+    import ensurepip
+
+    assert listed.splitlines()[-1] == ensurepip.version()
 
 
 def test_a_rebuilt_wheel_of_the_same_version_replaces_the_installed_one(tmp_path: Path, python: Path) -> None:

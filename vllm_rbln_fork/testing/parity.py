@@ -107,7 +107,7 @@ def reference_build(project: Project) -> ReferenceBuild:
 def reference_venv(build: ReferenceBuild) -> Iterator[Reference]:
     """The reference venv (see the module's docstring), made once per wheel and locks, held
     shared for the ``with`` block: nothing is swapped into it once made."""
-    from .runner import install_wheel, make_locked_venv
+    from .runner import install_lock, install_wheel, make_locked_venv
 
     key = _key(sha256_of(build.wheel), sha256_of(VLLM_LOCK), sha256_of(VLLM_RBLN_LOCK), sys.version)
     env_dir = cache_root() / "venvs" / f"parity-reference-{key}"
@@ -117,12 +117,7 @@ def reference_venv(build: ReferenceBuild) -> Iterator[Reference]:
         with log.phase(f"make the parity tier's reference venv {env_dir}"):
             make_locked_venv(env_dir, VLLM_LOCK)
             install_wheel(python, build.wheel, VLLM_LOCK)  # checks the lock satisfies 0.30.0
-            proc.run(
-                [
-                    *(python, "-m", "pip", "install", "--quiet", "--no-deps"),
-                    *("--require-hashes", "-r", VLLM_RBLN_LOCK),
-                ]
-            )
+            install_lock(python, VLLM_RBLN_LOCK, no_deps=True)
 
     with made_and_held(env_dir, make):
         yield Reference(python, build.tree)

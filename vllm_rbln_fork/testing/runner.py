@@ -122,64 +122,66 @@ def vllm_venv(wheel: Path, lock: Path) -> Iterator[Path]:
         yield python
 
 
-def _uv() -> list[str] | None:
-    """``uv pip`` (the test lock has uv), or None where its binary is missing."""
+def _uv() -> list[str]:
+    """``uv pip``: the test lock has uv, so the tool env that runs the tests has its binary."""
     try:
         from uv import find_uv_bin
 
         return [find_uv_bin(), "pip"]
-    except (ImportError, FileNotFoundError):
-        return None
+    except (ImportError, FileNotFoundError) as exc:
+        raise ForkError(
+            f"the tool env ({sys.prefix}) has no uv binary ({exc}), though requirements/test.lock "
+            "holds uv: the env is damaged. Delete that folder and run the same command again "
+            "(build.py makes it afresh from the locks)."
+        ) from None
 
 
 def make_locked_venv(env_dir: Path, lock: Path) -> Path:
     """A venv (with pip: the conformance tier lists its packages with it) holding exactly
-    ``lock``, hashes required; its Python. uv installs it from pip's indexes (as build.py's
-    bootstrap does, :func:`pipconfig.uv_settings`), from the package cache every venv shares:
-    seconds from a warm cache where pip took minutes. uv also resolves an extra the way the
-    lock means it: pip 23.2 (the venv's own) took ``uvicorn[standard]>=0.15.0`` of a locked
-    package as a second requirement and refused the index's newer uvicorn in hash mode."""
+    ``lock``, hashes required; its Python. uv makes the venv and installs the pip and
+    setuptools wheels that ensurepip carries (what ``python -m venv`` puts there, without
+    compiling every module of pip: seconds less), then the lock from pip's indexes (as
+    build.py's bootstrap does, :func:`pipconfig.uv_settings`), from the package cache every
+    venv shares: seconds from a warm cache where pip took minutes. uv also resolves an extra
+    the way the lock means it: pip 23.2 (the venv's own) took ``uvicorn[standard]>=0.15.0`` of
+    a locked package as a second requirement and refused the index's newer uvicorn in hash mode."""
+    import ensurepip
+
     python = env_dir / "bin" / "python"
-    proc.run([sys.executable, "-m", "venv", "--clear", env_dir])
+    uv = _uv()
+    proc.run([uv[0], "venv", "--quiet", "--clear", "--no-config", "--python", sys.executable, env_dir])
+    bundled = sorted(Path(ensurepip.__file__).parent.glob("_bundled/*.whl"))
+    proc.run([*uv, "install", "--quiet", "--python", str(python), "--no-config", "--offline", *bundled])
     install_lock(python, lock)
     return python
 
 
 def install_lock(python: Path, lock: Path, *, no_deps: bool = False) -> None:
     """Add ``lock``'s packages (hashes required) to the venv of ``python``, with uv from pip's
-    indexes as :func:`make_locked_venv` does (pip where uv's binary is missing); ``no_deps``:
-    their dependencies left out (a plugin whose own pins name a device stack)."""
+    indexes as :func:`make_locked_venv` does; ``no_deps``: their dependencies left out (a
+    plugin whose own pins name a device stack)."""
     deps = ["--no-deps"] if no_deps else []
-    uv = _uv()
-    if uv is None:
-        proc.run([python, "-m", "pip", "install", "--quiet", *deps, "--require-hashes", "-r", lock])
-        return
     options, env = uv_settings(python)
     proc.run(
-        [*uv, "install", "--quiet", "--python", str(python), *deps, "--require-hashes", *options, "-r", lock],
+        [*_uv(), "install", "--quiet", "--python", str(python), *deps, "--require-hashes", *options, "-r", lock],
         env=env,
     )
 
 
 def install_wheel(python: Path, wheel: Path, lock: Path, *, check: bool = True) -> None:
     """Put ``wheel`` in place of the venv's vllm, its dependencies left as the lock installed
-    them, then check they still satisfy it (``uv pip check``, or ``pip check``).
+    them, then check they still satisfy it (``uv pip check``).
 
     With uv (the test lock has it): 0.5-3 s, where pip took 10-40 s (6-8 s of CPU), most of
     it compiling the wheel's 2,500 modules. uv compiles none (``--compile-bytecode`` costs 5 s
     of CPU): the installed vllm's bytecode would save a process importing vLLM's test harness
     0.3-0.6 s of CPU (measured twice: 8.5 against 8.8 s, 7.1 against 7.7 s), and only the
     tier's few pytest processes import it. ``--reinstall-package vllm`` is a safeguard: uv
-    0.13 already replaces a rebuilt wheel of the same name and version without it. pip where
-    uv's binary is missing. ``check=False`` skips the check: a venv holding a plugin installed
+    0.13 already replaces a rebuilt wheel of the same name and version without it.
+    ``check=False`` skips the check: a venv holding a plugin installed
     without its dependencies (the consumer tier's) does not pass it, on purpose."""
     hint = f"the wheel needs a dependency missing from {lock.name}; add it there."
     uv = _uv()
-    if uv is None:
-        proc.run([python, "-m", "pip", "install", "--quiet", "--force-reinstall", "--no-deps", wheel])
-        if check:
-            proc.run([python, "-m", "pip", "check"], hint=hint)
-        return
     target = ["--python", str(python), "--quiet", "--no-config"]
     proc.run([*uv, "install", *target, "--offline", "--no-deps", "--reinstall-package", "vllm", str(wheel)])
     if check:
