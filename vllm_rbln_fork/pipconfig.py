@@ -66,7 +66,12 @@ def uv_options(settings: dict[str, str]) -> tuple[list[str], dict[str, str]]:
     settings are the only ones, as for pip. uv's default ``first-index`` strategy takes a
     package only from the first index that has it; pip takes the best match from all of
     them, and so is uv told to (the locks' hashes pin every file). The URLs go in the
-    environment (``UV_INDEX_URL``, ...), which only the user and root can read."""
+    environment (``UV_INDEX_URL``, ...), which only the user and root can read.
+
+    pip's ``constraint`` files are not given to uv, on purpose: every uv install of ours is of
+    a lock, ``--require-hashes``, and uv refuses in that mode any constraint not pinned with
+    ``==`` (``torch<=2.14.1`` fails the install), where the lock already pins every package to
+    one file by its hash: a constraint could only refuse the lock, never choose otherwise."""
     options = ["--no-config", "--index-strategy", "unsafe-best-match"]
     no_index = settings.get("no-index", "").lower() in ("1", "true", "yes", "on")
     env: dict[str, str] = {}
