@@ -142,3 +142,14 @@ def test_the_watch_job_runs_the_release_without_write_access_or_a_cache_to_save(
     for step in propose["steps"]:
         assert not re.search(r"\b(python|build\.py|pip|uv)\b", step.get("run", "")), step.get("name")
         assert not str(step.get("uses", "")).startswith(("actions/setup-python", "actions/cache"))
+
+
+def test_no_cell_of_the_test_matrix_may_run_over_its_minutes() -> None:
+    """Each cell of ``build.py matrix test`` is a run of ci.yml's tier job, which the forge stops
+    at its timeout: that timeout is the matrix's budget (issue 31: no cell over 10 minutes)."""
+    from vllm_rbln_fork.testing.matrix import CELL_MINUTES
+
+    jobs = yaml.safe_load((PROJECT_ROOT / ".github" / "workflows" / "ci.yml").read_text())["jobs"]
+    cells = [job for job in jobs.values() if "needs.tooling.outputs.test" in str(job.get("strategy", ""))]
+    assert len(cells) == 1, "one job runs the test matrix"
+    assert cells[0].get("timeout-minutes") == CELL_MINUTES <= 10
