@@ -1,6 +1,6 @@
 """Benchmark: where the test loop's time goes, old way against new way, in the same run.
 
-    python bench/bench_tests.py [--pin 0.31.0] [--repeat 2] [--only tooling,loop,conformance,variant]
+    python bench/bench_tests.py [--pin 0.31.0] [--repeat 2] [--only tooling,engine,upstream,venv,loop,conformance,variant]
                                 [--old REV] [--new REV]
 
 Needs a build cache where ``python build.py test --pin PIN --tier scheduler`` has run (its
@@ -18,6 +18,9 @@ alternating old and new ``--repeat`` times, and prints medians and new/old ratio
 * engine tier (issue 31: at most 240 s a pin): ``build.py test --tier engine --pin PIN`` in a
   scratch clone of each of the two commits below, alternating, wall and CPU time (the runs
   share the engine venv, which is keyed by the wheel: make it first with one run);
+* upstream tier (issue 31: at most 120 s a pin) and test venv (issue 31: at most 30 s from a
+  warm package cache: ``runner.make_locked_venv`` of ``requirements/vllm-test.lock``), each
+  of the two commits below against the other, alternating, wall and CPU time;
 * patch-edit loop (issue 12, goal 3c: under 2 minutes on a warm machine): in a scratch clone of
   this repository at each of two commits (``--old``, default ``main``; ``--new``, default
   ``HEAD``: uncommitted changes are not measured), the way a maintainer edits one RBLN patch:
@@ -226,6 +229,50 @@ def engine_tier(pin: str, repeat: int, old: str, new: str) -> None:
     tier_against_old("engine", ["--pin", pin], f"at {pin}, target <= 240 s", repeat, old, new)
 
 
+def upstream_tier(pin: str, repeat: int, old: str, new: str) -> None:
+    """The upstream (conformance) tier at ``pin`` (issue 31: <= 120 s a pin)."""
+    tier_against_old("upstream", ["--pin", pin], f"at {pin}, target <= 120 s", repeat, old, new)
+
+
+def venv_setup(repeat: int, old: str, new: str) -> None:
+    """A vLLM test venv made afresh (issue 31: <= 30 s from a warm package cache) by each
+    commit's ``runner.make_locked_venv``, from that commit's ``requirements/vllm-test.lock``,
+    alternating; the first pair warms uv's cache and is not counted."""
+    with tempfile.TemporaryDirectory(prefix="bench-venv-", dir=cache_root()) as tmp:
+        clones = {label: Path(tmp) / label for label in ("old", "new")}
+        heads = {label: _clone(rev, clones[label]) for label, rev in (("old", old), ("new", new))}
+        seen: dict[str, list[tuple[float, float]]] = {"old": [], "new": []}
+        code = (
+            "import sys; from pathlib import Path; "
+            "from vllm_rbln_fork.testing.runner import make_locked_venv; "
+            "make_locked_venv(Path(sys.argv[1]), Path(sys.argv[2]))"
+        )
+        for n in range(repeat + 1):
+            for label, clone in clones.items():
+                env = {**os.environ, "PYTHONPATH": str(clone)}
+                target = Path(tmp) / f"venv-{label}"
+                args = [sys.executable, "-c", code, target, clone / "requirements" / "vllm-test.lock"]
+                start, cpu = time.perf_counter(), _children_cpu()
+                done = subprocess.run([str(a) for a in args], env=env, capture_output=True, text=True)
+                wall, cpu = time.perf_counter() - start, _children_cpu() - cpu
+                if done.returncode != 0:
+                    sys.exit(f"bench: making a venv with {clone} ({heads[label]}) failed:\n{done.stderr}")
+                shutil.rmtree(target)
+                if n:
+                    seen[label].append((wall, cpu))
+                    print(f"  {label} ({heads[label]}): {wall:.1f} s wall, {cpu:.1f} s CPU", flush=True)
+        (o_wall, o_cpu), (n_wall, n_cpu) = (
+            (statistics.median(w for w, _ in seen[k]), statistics.median(c for _, c in seen[k]))
+            for k in ("old", "new")
+        )
+        print(
+            f"test venv (target <= 30 s): old {o_wall:.1f} s wall / {o_cpu:.1f} s CPU, new {n_wall:.1f} s "
+            f"wall / {n_cpu:.1f} s CPU; new/old wall {n_wall / o_wall:.3f}, CPU {n_cpu / o_cpu:.3f} "
+            f"(median of {repeat}, load average {os.getloadavg()[0]:.1f})",
+            flush=True,
+        )
+
+
 def tier_against_old(tier: str, extra: list[str], target: str, repeat: int, old: str, new: str) -> None:
     """``build.py test --tier TIER`` in a scratch clone of each of two commits, alternating."""
     with tempfile.TemporaryDirectory(prefix=f"bench-{tier}-", dir=cache_root()) as tmp:
@@ -338,7 +385,7 @@ def main() -> None:
     parser.add_argument(
         "--only",
         default="variant,conformance,loop",
-        help="a comma list of tooling, engine, variant, conformance, loop",
+        help="a comma list of tooling, engine, upstream, venv, variant, conformance, loop",
     )
     parser.add_argument(
         "--old", default="main", help="the baseline commit of tooling and loop (default: main)"
@@ -352,6 +399,10 @@ def main() -> None:
         tooling_tier(args.repeat, args.old, args.new)
     if "engine" in wanted:
         engine_tier(args.pin, args.repeat, args.old, args.new)
+    if "upstream" in wanted:
+        upstream_tier(args.pin, args.repeat, args.old, args.new)
+    if "venv" in wanted:
+        venv_setup(args.repeat, args.old, args.new)
     if "variant" in wanted:
         variant_tree(args.pin, args.repeat)
     if "conformance" in wanted:
