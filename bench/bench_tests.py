@@ -1,7 +1,7 @@
 """Benchmark: where the test loop's time goes, old way against new way, in the same run.
 
-    python bench/bench_tests.py [--pin 0.31.0] [--repeat 2] [--only tooling,engine,upstream,venv,loop,conformance,variant]
-                                [--old REV] [--new REV]
+    python bench/bench_tests.py [--pin 0.31.0] [--repeat 2] [--old REV] [--new REV]
+                                [--only tooling,engine,upstream,venv,loop,conformance,variant]
 
 Needs a build cache where ``python build.py test --pin PIN --tier scheduler`` has run (its
 vLLM test venv, patched and unpatched trees); ``VLLM_RBLN_FORK_CACHE`` picks it. Measures,

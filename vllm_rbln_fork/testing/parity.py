@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import __version__, log, proc
+from .. import __version__, log
 from ..files import made_and_held, made_once, sha256_of
 from ..manifest import BuildManifest
 from ..paths import PROJECT_ROOT, cache_root

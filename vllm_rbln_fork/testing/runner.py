@@ -163,7 +163,18 @@ def install_lock(python: Path, lock: Path, *, no_deps: bool = False) -> None:
     deps = ["--no-deps"] if no_deps else []
     options, env = uv_settings(python)
     proc.run(
-        [*_uv(), "install", "--quiet", "--python", str(python), *deps, "--require-hashes", *options, "-r", lock],
+        [
+            *_uv(),
+            "install",
+            "--quiet",
+            "--python",
+            str(python),
+            *deps,
+            "--require-hashes",
+            *options,
+            "-r",
+            lock,
+        ],
         env=env,
     )
 
