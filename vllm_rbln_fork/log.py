@@ -1,7 +1,7 @@
 """Progress events, decoupled from how they are shown.
 
 Library code calls ``step``/``info``/``warn``/``progress``; the CLI installs a
-reporter that renders them with rich, tests install one that records them. Every text
+reporter that prints them (rich only for a progress bar), tests install one that records them. Every text
 passes :func:`urls.redact` first: a password in a URL is never shown.
 """
 
