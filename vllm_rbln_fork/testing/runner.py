@@ -47,6 +47,11 @@ TIERS = ("tooling", "scheduler", "parity", "consumer", "upstream", "e2e", "engin
 ROWS = ("tooling", "setup", *TIERS[1:])
 # e2e files that test the pin's own wheel; the rest of tests/e2e runs once per test run.
 E2E_PER_PIN = ("tests/e2e/test_real_build.py", "tests/e2e/test_install_real_wheel.py")
+# The e2e tier on two pytest-xdist workers, test by test (the tooling tier's way): its tests
+# are independent (each its own tmp_path, versions, clone and runner cache), and the forge
+# steps, the longest file, split across both. A module's fixture (an index, a pypiserver) may
+# then be made once a worker: a second or two.
+E2E_WORKERS = ("-n", "2")
 TIER_PATHS = {
     "scheduler": ("tests/scheduler",),
     "parity": ("tests/parity",),
@@ -451,12 +456,11 @@ def _run(args: argparse.Namespace, reports: Path) -> int:
                 consumer_args = ["-n", "2", "--dist", "loadgroup", *args.pytest_args]
                 timed("consumer", tag, consumer_python, ["tests/consumer"], env, consumer_args)
             runs[-1] = TierRun("consumer", tag, runs[-1].seconds + setup, runs[-1].counts)
-        for tier, paths in (
-            ("upstream", ["tests/upstream"]),
-            ("e2e", ["tests/e2e"] if index == 0 else list(E2E_PER_PIN)),
-        ):
-            if tier in tiers:
-                timed(tier, tag, Path(sys.executable), paths, env, args.pytest_args)
+        if "upstream" in tiers:  # vLLM's tests run on two pytest-xdist workers inside it
+            timed("upstream", tag, Path(sys.executable), ["tests/upstream"], env, args.pytest_args)
+        if "e2e" in tiers:
+            paths = ["tests/e2e"] if index == 0 else list(E2E_PER_PIN)
+            timed("e2e", tag, Path(sys.executable), paths, env, [*E2E_WORKERS, *args.pytest_args])
     held.close()
     held_reference.close()
 
