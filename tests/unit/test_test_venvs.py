@@ -5,6 +5,7 @@ wheel already installed, is what these behaviours are about)."""
 
 from __future__ import annotations
 
+import contextvars
 import multiprocessing
 import sys
 import time
@@ -166,3 +167,56 @@ def test_a_variant_tree_changes_its_own_files_only(
     assert (variant / "vllm" / "other.py").read_text() == "x = 1\n"
     assert (variant / "vllm" / "other.py").stat().st_ino == (patched / "vllm" / "other.py").stat().st_ino
     assert (variant / ".complete").exists()
+
+
+# The engine tier's wheel and venv, made on a thread while the pin's other tiers run.
+
+
+def test_the_engine_setup_makes_the_venv_with_the_build_and_reports_through_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from contextlib import contextmanager
+
+    from vllm_rbln_fork import log
+    from vllm_rbln_fork.pins import Pin
+    from vllm_rbln_fork.project import Project
+
+    wheel, lock = _wheel(tmp_path), tmp_path / "engine.lock"
+    made: list[tuple[Path, Path]] = []
+
+    @contextmanager
+    def venv(w: Path, lk: Path):  # type: ignore[no-untyped-def]
+        log.info(f"made {w.name}")
+        made.append((w, lk))
+        yield w
+
+    class Built:
+        def __init__(self) -> None:
+            self.wheel = wheel
+
+    monkeypatch.setattr(engine, "plan_for", lambda pin, project, cannot: engine.PinPlan(lock, None))
+    monkeypatch.setattr(engine, "build_engine_wheel", lambda pin: Built())
+    monkeypatch.setattr(engine, "engine_venv", venv)
+    reporter = log.RecordingReporter()
+
+    def run() -> None:  # in a context of its own: the reporter is set for this test alone
+        log.set_reporter(reporter)
+        runner.EngineSetup(Pin.parse("0.31.0"), Project.default()).wait()
+
+    contextvars.copy_context().run(run)
+    assert made == [(wheel, lock)]
+    assert f"made {wheel.name}" in reporter.messages("info")  # the run's reporter, not a silent one
+
+
+def test_the_engine_setup_gives_its_error_to_the_engine_tier(monkeypatch: pytest.MonkeyPatch) -> None:
+    from vllm_rbln_fork.pins import Pin
+    from vllm_rbln_fork.project import Project
+
+    def failing_build(pin: object) -> None:
+        raise ForkError("docs/install.md's install commands failed")
+
+    monkeypatch.setattr(engine, "plan_for", lambda pin, project, cannot: engine.PinPlan(Path("x.lock"), None))
+    monkeypatch.setattr(engine, "build_engine_wheel", failing_build)
+    setup = runner.EngineSetup(Pin.parse("0.31.0"), Project.default())
+    with pytest.raises(ForkError, match="install commands failed"):
+        setup.wait()
