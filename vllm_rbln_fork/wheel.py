@@ -12,7 +12,7 @@ import sys
 import tempfile
 import time
 import zipfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
@@ -163,23 +163,41 @@ def repack_pure(raw: Path, version: str, epoch: int, manifest: BuildManifest, ou
             ).encode(),
             MANIFEST_MODULE: module_source(manifest).encode(),
         }
-        record = f"{dist_info}/RECORD"
-        names = sorted((set(infos) | set(written)) - {record})
-        names.sort(key=lambda n: n.startswith(f"{dist_info}/"))  # stable: dist-info last
-        stamp = time.gmtime(max(epoch, ZIP_EPOCH_MIN))[:6]
-        name = dist_info.removesuffix(".dist-info")  # vllm-<version>
-        target = out_dir / f"{name}-py3-none-any.whl"
-        rows = []
-        with zipfile.ZipFile(target, "w") as out:
-            for entry in names:
-                info = infos.get(entry)
-                data = written[entry] if entry in written else zf.read(entry)  # inflated, CRC checked
-                if entry not in written and info is not None and info.compress_type == zipfile.ZIP_DEFLATED:
-                    _add_deflated(out, raw_file, info, stamp)
-                else:
-                    _add(out, entry, data, stamp, executable=False)
-                rows.append((entry, _record_digest(data), str(len(data))))
-            _add(out, record, _record(rows, record), stamp, executable=False)
+        kept = {n: i for n, i in infos.items() if n not in written}
+        target = out_dir / f"{dist_info.removesuffix('.dist-info')}-py3-none-any.whl"  # vllm-<version>
+        return repack(target, zf, raw_file, kept, written, dist_info, epoch, executable=lambda _: False)
+
+
+def repack(
+    target: Path,
+    source: zipfile.ZipFile,
+    source_file: BinaryIO,
+    kept: dict[str, zipfile.ZipInfo],
+    written: dict[str, bytes],
+    dist_info: str,
+    epoch: int,
+    *,
+    executable: Callable[[str], bool],
+) -> Path:
+    """Write ``target``: the entries of ``source`` in ``kept`` (under their new names, the
+    keys) and the ``written`` ones, laid out as :func:`pack_wheel` lays them out, RECORD
+    regenerated. A kept entry stored deflated is copied still deflated (not inflated and
+    deflated again); each is read once, its CRC checked, and hashed for RECORD."""
+    record = f"{dist_info}/RECORD"
+    names = sorted((set(kept) | set(written)) - {record})
+    names.sort(key=lambda n: n.startswith(f"{dist_info}/"))  # stable: dist-info last
+    stamp = time.gmtime(max(epoch, ZIP_EPOCH_MIN))[:6]
+    rows = []
+    with zipfile.ZipFile(target, "w") as out:
+        for name in names:
+            info = None if name in written else kept[name]
+            data = written[name] if info is None else source.read(info)  # inflated, CRC checked
+            if info is not None and info.compress_type == zipfile.ZIP_DEFLATED:
+                _add_deflated(out, source_file, info, name, stamp, executable=executable(name))
+            else:
+                _add(out, name, data, stamp, executable=executable(name))
+            rows.append((name, _record_digest(data), str(len(data))))
+        _add(out, record, _record(rows, record), stamp, executable=False)
     return target
 
 
@@ -194,11 +212,17 @@ def _record(rows: list[tuple[str, str, str]], record: str) -> bytes:
 
 
 def _add_deflated(
-    out: zipfile.ZipFile, source: BinaryIO, info: zipfile.ZipInfo, stamp: tuple[int, ...]
+    out: zipfile.ZipFile,
+    source: BinaryIO,
+    info: zipfile.ZipInfo,
+    name: str,
+    stamp: tuple[int, ...],
+    *,
+    executable: bool,
 ) -> None:
-    """Write ``info``'s entry of the zip file ``source`` into ``out`` still deflated, with the
-    header :func:`_add` would write for it (same name, stamp, mode 0644): the same bytes
-    ``_add`` gives when the entry was deflated by zlib at its default level, as
+    """Write ``info``'s entry of the zip file ``source`` into ``out`` as ``name``, still
+    deflated, with the header :func:`_add` would write for it (stamp, mode 0644 or 0755): the
+    same bytes ``_add`` gives when the entry was deflated by zlib at its default level, as
     setuptools does, without deflating it again.
 
     zipfile has no public call for this; this does what ``ZipFile.writestr`` does around
@@ -209,8 +233,8 @@ def _add_deflated(
         raise WheelError(f"the built wheel's entry {info.filename} has a bad local header.")
     source.seek(info.header_offset + LOCAL_HEADER.size + name_length + extra_length)
     deflated = source.read(info.compress_size)
-    copy = zipfile.ZipInfo(info.filename, date_time=stamp)  # type: ignore[arg-type]
-    copy.external_attr = 0o100644 << 16
+    copy = zipfile.ZipInfo(name, date_time=stamp)  # type: ignore[arg-type]
+    copy.external_attr = (0o100755 if executable else 0o100644) << 16
     copy.compress_type = zipfile.ZIP_DEFLATED
     copy.flag_bits = 0
     copy.CRC, copy.compress_size, copy.file_size = info.CRC, info.compress_size, info.file_size
