@@ -163,9 +163,9 @@ def repack_pure(raw: Path, version: str, epoch: int, manifest: BuildManifest, ou
             ).encode(),
             MANIFEST_MODULE: module_source(manifest).encode(),
         }
-        kept = {n: i for n, i in infos.items() if n not in written}
+        copied = {n: i for n, i in infos.items() if n not in written}
         target = out_dir / f"{dist_info.removesuffix('.dist-info')}-py3-none-any.whl"  # vllm-<version>
-        return repack(target, zf, raw_file, kept, written, dist_info, epoch, executable=lambda _: False)
+        return repack(target, zf, raw_file, copied, written, dist_info, epoch, executable=lambda _: False)
 
 
 def repack(
