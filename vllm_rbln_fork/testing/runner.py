@@ -97,9 +97,14 @@ def _junit_counts(path: Path) -> Counts:
     return Counts(total - failed - skipped, failed, skipped - xfailed, xfailed)
 
 
+# The ten slowest tests of a tier over a second, in its log: where a tier's time goes.
+DURATIONS = ["--durations=10", "--durations-min=1.0"]
+
+
 def _pytest(python: Path, paths: list[str], env: dict[str, str], report: Path, extra: list[str]) -> Counts:
+    options = [f"--junitxml={report}", "-p", "no:cacheprovider", *DURATIONS, *extra]
     status = proc.stream(
-        [python, "-m", "pytest", *paths, f"--junitxml={report}", "-p", "no:cacheprovider", *extra],
+        [python, "-m", "pytest", *paths, *options],
         cwd=PROJECT_ROOT,
         env=env,
     )
