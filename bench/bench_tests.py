@@ -261,16 +261,21 @@ def venv_setup(repeat: int, old: str, new: str) -> None:
                 if n:
                     seen[label].append((wall, cpu))
                     print(f"  {label} ({heads[label]}): {wall:.1f} s wall, {cpu:.1f} s CPU", flush=True)
-        (o_wall, o_cpu), (n_wall, n_cpu) = (
-            (statistics.median(w for w, _ in seen[k]), statistics.median(c for _, c in seen[k]))
-            for k in ("old", "new")
-        )
-        print(
-            f"test venv (target <= 30 s): old {o_wall:.1f} s wall / {o_cpu:.1f} s CPU, new {n_wall:.1f} s "
-            f"wall / {n_cpu:.1f} s CPU; new/old wall {n_wall / o_wall:.3f}, CPU {n_cpu / o_cpu:.3f} "
-            f"(median of {repeat}, load average {os.getloadavg()[0]:.1f})",
-            flush=True,
-        )
+        _print_old_new("test venv (target <= 30 s)", seen, repeat)
+
+
+def _print_old_new(what: str, seen: dict[str, list[tuple[float, float]]], repeat: int) -> None:
+    """The medians of the old and the new commit's (wall, CPU) runs, and new/old."""
+    (o_wall, o_cpu), (n_wall, n_cpu) = (
+        (statistics.median(w for w, _ in seen[k]), statistics.median(c for _, c in seen[k]))
+        for k in ("old", "new")
+    )
+    print(
+        f"{what}: old {o_wall:.1f} s wall / {o_cpu:.1f} s CPU, new {n_wall:.1f} s "
+        f"wall / {n_cpu:.1f} s CPU; new/old wall {n_wall / o_wall:.3f}, CPU {n_cpu / o_cpu:.3f} "
+        f"(median of {repeat}, load average {os.getloadavg()[0]:.1f})",
+        flush=True,
+    )
 
 
 def tier_against_old(tier: str, extra: list[str], target: str, repeat: int, old: str, new: str) -> None:
@@ -298,16 +303,7 @@ def tier_against_old(tier: str, extra: list[str], target: str, repeat: int, old:
                     f"{f' ({failed})' if failed else ''}, load average {os.getloadavg()[0]:.1f}",
                     flush=True,
                 )
-        (o_wall, o_cpu), (n_wall, n_cpu) = (
-            (statistics.median(w for w, _ in seen[k]), statistics.median(c for _, c in seen[k]))
-            for k in ("old", "new")
-        )
-        print(
-            f"{tier} tier ({target}): old {o_wall:.1f} s wall / {o_cpu:.1f} s CPU, new {n_wall:.1f} s "
-            f"wall / {n_cpu:.1f} s CPU; new/old wall {n_wall / o_wall:.3f}, CPU {n_cpu / o_cpu:.3f} "
-            f"(median of {repeat}, load average {os.getloadavg()[0]:.1f})",
-            flush=True,
-        )
+        _print_old_new(f"{tier} tier ({target})", seen, repeat)
 
 
 def _made_per_edit() -> list[Path]:
