@@ -352,6 +352,12 @@ def tree_blobs(repo: Repo, commit: str, tops: Iterable[str]) -> dict[str, str]:
 def check_base(base: BaseWheel, pin: Pin, repo: Repo, upstream_commit: str, policy: Policy) -> BaseFacts:
     """Refuse a base of another release, or one whose Python differs from the sdist's."""
     with zipfile.ZipFile(base.path) as zf:
+        unsafe = [n for n in zf.namelist() if n.startswith("/") or ".." in n.split("/")]
+        if unsafe:  # pip refuses to install a wheel with such an entry
+            raise BaseWheelError(
+                f"{base.filename} has entries outside its root: {', '.join(unsafe[:5])}. "
+                f"Nothing was built. Use a base wheel as the vLLM release's build made it."
+            )
         dist_info = _dist_info(zf, base.filename)
         meta = email.parser.HeaderParser().parsestr(zf.read(f"{dist_info}/METADATA").decode())
         name, version = str(meta["Name"]), Version(str(meta["Version"]))
@@ -460,16 +466,19 @@ def overlay(
                 # changed or added by the series, or a Python file the base ships: the patched tree's
                 written[path] = (patched_dir / path).read_bytes()
         written[MANIFEST_MODULE] = module_source(manifest).encode()
-        metadata, wheel_file = (zf.read(f"{dist_info}/{n}").decode("utf-8") for n in ("METADATA", "WHEEL"))
+        metadata, wheel_file = (_text(zf.read(f"{dist_info}/{n}")) for n in ("METADATA", "WHEEL"))
         written[f"{new_dist_info}/METADATA"] = _rewrite_metadata(metadata, version, policy).encode()
         written[f"{new_dist_info}/WHEEL"] = _rewrite_wheel_file(wheel_file, base.filename).encode()
+        # RECORD is made anew; its signatures (RECORD.jws, RECORD.p7s) would sign the base's.
+        dropped = {f"{new_dist_info}/{n}" for n in ("RECORD", "RECORD.jws", "RECORD.p7s")}
         kept: dict[str, zipfile.ZipInfo] = {}
+        modes: dict[str, int] = {}  # by the name in our wheel: a written file keeps the base's mode
         for name, info in infos.items():
             if name.startswith(f"{dist_info}/"):
                 name = new_dist_info + name.removeprefix(dist_info)
-            if name not in written and name != f"{new_dist_info}/RECORD":
+            modes[name] = (info.external_attr >> 16) & 0o777
+            if name not in written and name not in dropped:
                 kept[name] = info
-        modes = {name: (info.external_attr >> 16) & 0o777 for name, info in infos.items()}
         target = out_dir / f"vllm-{version}-{_tag_part(base.filename)}.whl"
         return repack(
             target,
@@ -481,6 +490,11 @@ def overlay(
             manifest.source_date_epoch,
             executable=lambda name: bool(modes.get(name, 0) & 0o111),
         )
+
+
+def _text(data: bytes) -> str:
+    """A dist-info file's text with its line ends made ``\n``, as reading it in text mode did."""
+    return data.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
 
 
 def _tag_part(filename: str) -> str:

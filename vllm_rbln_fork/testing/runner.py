@@ -70,8 +70,8 @@ class Counts:
     passed: int = 0
     failed: int = 0
     skipped: int = 0
-    # Expected failures (pytest's xfail): JUnit reports them as skipped; a check that ran and
-    # failed as its test says it must (a gap a pin still has), not a check left out.
+    # Expected failures (pytest's xfail): JUnit reports them as skipped. Each marks a gap a pin
+    # still has, named by its test; one marked xfail(run=False) did not run.
     xfailed: int = 0
 
     def __add__(self, other: Counts) -> Counts:
