@@ -205,10 +205,9 @@ def install_wheel(python: Path, wheel: Path, lock: Path, *, check: bool = True) 
     them, then check they still satisfy it (``uv pip check``).
 
     With uv (the test lock has it): 0.5-3 s, where pip took 10-40 s (6-8 s of CPU), most of
-    it compiling the wheel's 2,500 modules. uv compiles none (``--compile-bytecode`` costs 5 s
-    of CPU): the installed vllm's bytecode would save a process importing vLLM's test harness
-    0.3-0.6 s of CPU (measured twice: 8.5 against 8.8 s, 7.1 against 7.7 s), and only the
-    tier's few pytest processes import it. ``--reinstall-package vllm`` is a safeguard: uv
+    it compiling the wheel's 2,500 modules. uv compiles none: the run's processes write their
+    bytecode under one prefix of the run's own (see ``_run``), the first process importing a
+    module compiles it for the rest. ``--reinstall-package vllm`` is a safeguard: uv
     0.13 already replaces a rebuilt wheel of the same name and version without it.
     ``check=False`` skips the check: a venv holding a plugin installed
     without its dependencies (the consumer tier's) does not pass it, on purpose."""
@@ -411,16 +410,26 @@ def run_tests(argv: list[str]) -> int:
         from ..files import check_writable
 
         check_writable(args.time_table, "--time-table")
-    # pytest's JUnit reports, read for the counts and then of no use: removed however the run ends.
-    with tempfile.TemporaryDirectory(prefix="test-reports-") as reports:
-        return _run(args, Path(reports))
+    # pytest's JUnit reports, read for the counts and then of no use, and the run's bytecode:
+    # both removed however the run ends.
+    with (
+        tempfile.TemporaryDirectory(prefix="test-reports-") as reports,
+        tempfile.TemporaryDirectory(prefix="test-bytecode-") as bytecode,
+    ):
+        return _run(args, Path(reports), Path(bytecode))
 
 
-def _run(args: argparse.Namespace, reports: Path) -> int:
+def _run(args: argparse.Namespace, reports: Path, bytecode: Path) -> int:
     run_start = time.perf_counter()
     tiers = args.tier or list(TIERS)
     check_tier_paths(tiers)
-    base_env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    # Every process of the run writes and reads its bytecode under one directory of the run's
+    # own (PYTHONPYCACHEPREFIX), never beside the sources: uv installs the venvs without
+    # bytecode, and a process importing torch and vLLM from source takes 19 s of CPU where one
+    # that finds their bytecode takes 9 s. The scheduler tier at 0.31.0 went from 219 to 109 s
+    # (its pytest workers and livelock-matrix subprocesses), the consumer tier from 108 to 63 s.
+    base_env = {**os.environ, "PYTHONPYCACHEPREFIX": str(bytecode)}
+    base_env.pop("PYTHONDONTWRITEBYTECODE", None)
     project = Project.default()
     runs: list[TierRun] = []
     held_reference = ExitStack()  # the parity tier's reference venv, for the whole run
