@@ -331,22 +331,20 @@ def _build(args: argparse.Namespace) -> int:
         return _review(args)
     if args.write or args.report_dir or args.source_pin:
         _build_parser().error("--write, --from and --report-dir go with --review")
-    from .publish.result import check_upload_url, is_url
+    if args.publish or args.check_index or args.new_project:  # a plain build imports no publish code
+        from .publish.result import check_upload_url, is_url
 
-    if (args.check_index or args.new_project) and not (args.publish and is_url(args.publish)):
-        flag = "--check-index" if args.check_index else "--new-project"
-        _build_parser().error(f"{flag} goes with --publish <upload URL>")
-    if args.publish and is_url(args.publish):
-        check_upload_url(args.publish)  # before the build: nothing is built for a refused upload
-    from .pipeline import build
-
-    if args.publish:
-        from .publish.result import is_url
-
-        if not is_url(args.publish):
+        if (args.check_index or args.new_project) and not (args.publish and is_url(args.publish)):
+            flag = "--check-index" if args.check_index else "--new-project"
+            _build_parser().error(f"{flag} goes with --publish <upload URL>")
+        if is_url(args.publish):
+            check_upload_url(args.publish)  # before the build: nothing is built for a refused upload
+        else:
             from .files import check_writable
 
             check_writable(Path(args.publish), "--publish", folder=True)
+    from .pipeline import build
+
     start = time.perf_counter()
     pin = Pin.parse(args.pin)
     spec = SourceSpec.parse(args.source, args.index_url)

@@ -10,8 +10,6 @@ import re
 from pathlib import Path
 from typing import NoReturn
 
-import tomli_w
-
 from .errors import ForkError
 from .files import read_toml, write_atomic
 from .pins import Pin
@@ -131,4 +129,6 @@ def record_release(path: Path, pin: Pin, n: int, tree: str) -> None:
         if release["pin"] == str(pin) and release["n"] == n:
             return
     releases.append({"pin": str(pin), "n": n, "tree": tree})
+    import tomli_w  # here: most runs only read the ledger
+
     write_atomic(path, HEADER + tomli_w.dumps({"release": releases}))

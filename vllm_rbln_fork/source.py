@@ -7,7 +7,6 @@ and devices, and checks its file name, top folder and PKG-INFO against the pin.
 from __future__ import annotations
 
 import base64
-import email.parser
 import os
 import shutil
 import urllib.parse
@@ -234,7 +233,8 @@ def unpack_sdist(
     The epoch is the newest mtime among the sdist's members: a fact of the release,
     the same on every machine.
     """
-    import tarfile  # here: a cache hit reads no sdist, and need not import it
+    import email.parser  # here, with tarfile: a cache hit reads no sdist, and need not import them
+    import tarfile
 
     top: str | None = None
     epoch = 0

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from vllm_rbln_fork.errors import SeriesError
+from vllm_rbln_fork.paths import PROJECT_ROOT
 from vllm_rbln_fork.series import lint, parse_patch, read_series
 from vllm_rbln_fork.workflow import slug
 
@@ -39,6 +43,34 @@ def test_parse_reads_subject_trailers_and_description() -> None:
     assert str(patch.applied_upstream) == "0.34.0"
     assert patch.description.startswith("The gate counts only the prompt")
     assert lint(patch) == []
+
+
+def test_reading_a_patch_leaves_its_mail_header_until_it_is_asked_for() -> None:
+    """A cache hit reads every patch (the cache key, the lint) but none of their mail
+    headers: the email parser, a tenth of a hit's time, is imported only once the subject,
+    author or date is asked for, and decodes them as before (RFC 2047, folded lines). In a
+    fresh interpreter: this one has imported the email package already."""
+    text = PATCH.replace("From: Dev <", "From: =?UTF-8?q?Ren=C3=A9_Dev?= <")
+    code = (
+        "import sys\n"
+        "import vllm_rbln_fork.cli, vllm_rbln_fork.pipeline\n"
+        "from vllm_rbln_fork.series import lint, parse_patch\n"
+        f"patch = parse_patch('p.patch', {text.encode()!r})\n"
+        "assert lint(patch) == []\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'email'))\n"
+        "print(patch.subject)\n"
+        "print(patch.author)\n"
+        "print(patch.date)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=PROJECT_ROOT, capture_output=True, text=True, check=True
+    )
+    assert done.stdout.splitlines() == [
+        "[]",
+        "Cover the first decode step in the admission gate",
+        "René Dev <dev@example.invalid>",
+        "Tue, 14 Nov 2023 22:13:20 +0000",
+    ]
 
 
 def test_not_a_patch_file() -> None:
