@@ -215,5 +215,5 @@ def test_holding_entries_until_a_reader_changes_no_step(workload: Workload) -> N
     held = run(workload, rbln=True, kv_events=False).steps
     at_once = run(workload, rbln=True, kv_events=True).steps
     assert len(held) == len(at_once)
-    for step, (a, b) in enumerate(zip(held, at_once)):
+    for step, (a, b) in enumerate(zip(held, at_once, strict=True)):
         assert a == b, f"step {step}: held {a} != registered at once {b}"
