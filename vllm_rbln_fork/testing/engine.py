@@ -236,6 +236,13 @@ def engine_venv(wheel: Path, lock: Path) -> Iterator[Path]:
 def engine_env(base: Mapping[str, str], result: BuildResult, pin: Pin) -> dict[str, str]:
     """What tests/engine reads. No VLLM_TARGET_DEVICE: the wheel must find the CPU itself."""
     env = {k: v for k, v in base.items() if not k.startswith("VLLM_")}
+    # pip compiled the venv's bytecode when it installed the wheel; under the run's own
+    # PYTHONPYCACHEPREFIX every zygote (two, and one a variant site) compiled vLLM and torch
+    # from source again. That folder keeps the ngram kernels' numba cache instead
+    # (tests/engine/engine_kit.py, _cache_ngram_kernels): compiled once a run.
+    prefix = env.pop("PYTHONPYCACHEPREFIX", None)
+    if prefix:
+        env["NUMBA_CACHE_DIR"] = str(Path(prefix) / "numba")
     env.update(
         VLLM_RBLN_WHEEL=str(result.wheel),
         VLLM_RBLN_ENGINE_PIN=str(pin),
