@@ -478,7 +478,6 @@ def _run_here(job: dict[str, Any]) -> dict[str, Any]:
             enable_kv_cache_events=True, publisher="zmq", endpoint=endpoints[0], replay_endpoint=endpoints[1]
         )
     llm = LLM(model=job["model"], **engine_args(**overrides))
-    _cache_ngram_kernels()
     params = SamplingParams(temperature=0, max_tokens=job["max_tokens"], ignore_eos=True)
     events = KVEventRouter(llm, *endpoints) if endpoints else None
     outputs = []
@@ -515,23 +514,6 @@ def _run_here(job: dict[str, Any]) -> dict[str, Any]:
         "router_hits": router_hits,
         "kv_events": events.counts() if events else {},
     }
-
-
-def _cache_ngram_kernels() -> None:
-    """An ngram drafter's numba kernels compiled once a run, not once an engine: they compile
-    at the engine's first draft (measured: the first ``generate`` of 4 requests took 2.1-5.1 s
-    compiling, 0.8-2.5 s loading), and a run starts about 17 ngram engines. Numba's own disk
-    cache (``enable_caching``, what ``cache=True`` does) in ``NUMBA_CACHE_DIR``, which the test
-    runner sets to a folder of the run's (unset: nothing cached): the same machine code, loaded.
-    Called once the engine has started: numba loaded before the worker starts breaks the start
-    (see :func:`run`); the drafter has imported the module by then."""
-    module = sys.modules.get("vllm.v1.spec_decode.ngram_proposer")
-    if module is None or not os.environ.get("NUMBA_CACHE_DIR"):
-        return
-    for name in ("batch_propose_numba", "_find_longest_matched_ngram_and_propose_tokens"):
-        kernel = getattr(module, name, None)
-        if kernel is not None and hasattr(kernel, "enable_caching"):
-            kernel.enable_caching()
 
 
 AFTER_PREEMPTION = "after-preemption"

@@ -428,6 +428,7 @@ def _run(args: argparse.Namespace, reports: Path, bytecode: Path) -> int:
     # bytecode, and a process importing torch and vLLM from source takes 19 s of CPU where one
     # that finds their bytecode takes 9 s. The scheduler tier at 0.31.0 went from 219 to 109 s
     # (its pytest workers and livelock-matrix subprocesses), the consumer tier from 108 to 63 s.
+    # The engine tier's venv, made by pip, has bytecode of its own: engine_env drops the prefix.
     base_env = {**os.environ, "PYTHONPYCACHEPREFIX": str(bytecode)}
     base_env.pop("PYTHONDONTWRITEBYTECODE", None)
     project = Project.default()
