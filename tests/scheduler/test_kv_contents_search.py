@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import sched_harness as h
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 EXAMPLES = 120
@@ -95,7 +95,7 @@ def workloads(draw: Any) -> Workload:
     )
 
 
-def make(w: Workload, rbln: bool, kv_events: bool = True) -> tuple[Any, int]:
+def make(w: Workload, rbln: bool) -> tuple[Any, int]:
     from vllm.v1.core.sched.scheduler import Scheduler
 
     kwargs: dict[str, Any] = dict(
@@ -122,7 +122,7 @@ def make(w: Workload, rbln: bool, kv_events: bool = True) -> tuple[Any, int]:
         if w.connector is not None:
             return h.prefix_hit_connector_scheduler(*w.connector, additional_config=config, **kwargs), hbs
         kwargs["scheduler_cls"] = h.rbln_scheduler_factory(config, async_scheduling=w.mode == "async")
-        return h.make_scheduler(rbln=False, kv_events=kv_events, **kwargs), hbs
+        return h.make_scheduler(rbln=False, **kwargs), hbs
     # The control: upstream's scheduler with whole blocks (its own caching), async form when
     # async scheduling is on.
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
@@ -147,10 +147,10 @@ def make(w: Workload, rbln: bool, kv_events: bool = True) -> tuple[Any, int]:
     return h.make_scheduler(rbln=False, scheduler_cls=with_connector, **kwargs), BLOCK
 
 
-def run(w: Workload, rbln: bool, kv_events: bool = True) -> Any:
+def run(w: Workload, rbln: bool) -> Any:
     from vllm.v1.request import RequestStatus
 
-    scheduler, hbs = make(w, rbln, kv_events)
+    scheduler, hbs = make(w, rbln)
     rng = random.Random(w.accept_seed)
     in_flight = 1 if w.mode == "sync" else 2
     driver = h.Driver(scheduler, accept=lambda req_id, n: rng.randint(0, n), max_in_flight=in_flight)
@@ -201,19 +201,3 @@ def test_the_rbln_scheduler_never_hands_out_wrong_kv(workload: Workload) -> None
 @given(workload=workloads())
 def test_upstreams_scheduler_never_hands_out_wrong_kv(workload: Workload) -> None:
     run(workload, rbln=False)
-
-
-@SETTINGS
-@given(workload=workloads())
-def test_holding_entries_until_a_reader_changes_no_step(workload: Workload) -> None:
-    """With KV events off (and no connector) the RBLN scheduler holds a running request's
-    sub-block entries until something reads the prefix-cache index
-    (``KVCacheManager.hold_entries_until_read``); with them on, each is registered at once.
-    Every step must be the same either way: the same tokens scheduled, the same hits, copies,
-    preemptions and free blocks, and no wrong KV on the oracle's pool."""
-    assume(workload.sub_block is not None and workload.connector is None)
-    held = run(workload, rbln=True, kv_events=False).steps
-    at_once = run(workload, rbln=True, kv_events=True).steps
-    assert len(held) == len(at_once)
-    for step, (a, b) in enumerate(zip(held, at_once, strict=True)):
-        assert a == b, f"step {step}: held {a} != registered at once {b}"

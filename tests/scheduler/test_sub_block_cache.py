@@ -253,37 +253,6 @@ def test_generated_tokens_are_indexed_by_sub_block() -> None:
     h.assert_all_blocks_free(scheduler)
 
 
-@pytest.mark.parametrize("kv_events", [False, True], ids=["held", "kv-events-on"])
-def test_a_decode_s_entries_wait_for_a_reader_unless_kv_events_are_on(kv_events: bool) -> None:
-    """With KV events off and no connector, only a lookup reads the prefix-cache index, so a
-    decode's sub-block entries wait for the next lookup (``hold_entries_until_read``): its
-    decode steps register nothing, the decode-step cost of issue 29. A prompt that repeats A's
-    prompt and 8 of its generated tokens still hits all 28 of them. With KV events on, each
-    entry is registered (and reported) at the step that computed it: 2 more during the decode."""
-    factory = h.rbln_scheduler_factory(h.sub_block_settings(4))
-    scheduler = make_scheduler_with(h.with_kv_events(factory, False) if kv_events else factory)
-    pool = scheduler.kv_cache_manager.block_pool
-    driver = h.Driver(scheduler)
-    a_prompt = prompt(20, seed=1)
-    driver.add(h.make_request("A", a_prompt, max_tokens=16, hash_block_size=4))
-    driver.step()
-    driver.step()  # the prompt's second chunk: A's first token, computed 20
-    assert scheduler.requests["A"].num_computed_tokens == 20
-    entries = len(pool.cached_block_hash_to_block)
-    for _ in range(8):
-        driver.step()  # decode: computed 28, the sub-block boundaries 24 and 28 reached
-    assert scheduler.requests["A"].num_computed_tokens == 28
-    assert len(pool.cached_block_hash_to_block) - entries == (2 if kv_events else 0)
-    b_prompt = a_prompt + [h.SAMPLED_TOKEN] * 8 + prompt(6, seed=2)
-    driver.add(h.make_request("B", b_prompt, max_tokens=2, hash_block_size=4))
-    records = [driver.step() for _ in range(3)]
-    hits = [r.num_computed_before["B"] for r in records if "B" in r.num_scheduled_tokens]
-    assert hits[0] == 28
-    driver.run(40)
-    assert driver.finished == {"A", "B"}
-    h.assert_all_blocks_free(scheduler)
-
-
 def test_the_sub_block_entries_go_with_their_block() -> None:
     """Every sub-block boundary of A's blocks is an entry of the block that holds it, and
     nothing else holds any: when the pool hands A's blocks to other requests, the entries
