@@ -493,7 +493,8 @@ def overlay(
 
 
 def _text(data: bytes) -> str:
-    """A dist-info file's text with its line ends made ``\n``, as reading it in text mode did."""
+    """A dist-info file's text with its line ends made ``\n`` (universal newlines), so a CRLF
+    METADATA splits into header and body; a CR in the long description becomes ``\n`` too."""
     return data.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
 
 
@@ -517,8 +518,8 @@ def _rewrite_wheel_file(text: str, base_filename: str) -> str:
 def _rewrite_metadata(text: str, version: str, policy: Policy) -> str:
     """Name ``vllm``, our version, and the moved requirements behind their extra.
 
-    Edited line by line so that everything else (the long description included) stays
-    byte for byte the base's.
+    Edited line by line so that everything else (the long description included) stays the
+    base's, but for line ends: ``_text`` made them ``\n``.
     """
     head, sep, body = text.partition("\n\n")
     lines, extras = [], sorted(set(policy.moved_requirements.values()))

@@ -56,7 +56,7 @@ def machine(tmp_path: Path) -> dict[str, str]:
         k: v
         for k, v in os.environ.items()
         if not k.startswith(("VLLM_", "HF_", "TRANSFORMERS_"))
-        and k not in ("PYTHONPATH", "PYTHONDONTWRITEBYTECODE")
+        and k not in ("PYTHONPATH", "PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX")
     }
     env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"
     env["VLLM_RBLN_FORK_CACHE"] = str(tmp_path / "runner-cache")

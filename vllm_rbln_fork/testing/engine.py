@@ -236,10 +236,12 @@ def engine_venv(wheel: Path, lock: Path) -> Iterator[Path]:
 def engine_env(base: Mapping[str, str], result: BuildResult, pin: Pin) -> dict[str, str]:
     """What tests/engine reads. No VLLM_TARGET_DEVICE: the wheel must find the CPU itself."""
     env = {k: v for k, v in base.items() if not k.startswith("VLLM_")}
-    # pip compiled the venv's bytecode when it installed the wheel; under the run's own
-    # PYTHONPYCACHEPREFIX every zygote (two, and one a variant site) compiled vLLM and torch
-    # from source again (19.9 s of CPU against 8.2 s).
+    # pip compiled the venv's bytecode when it installed the wheel: the tier reads it, and
+    # writes none (nor beside the checkout's tests or into the shared venv). Under the run's
+    # PYTHONPYCACHEPREFIX a zygote found no bytecode there and compiled vLLM and torch from
+    # source (19.9 s of CPU against 8.2 s).
     env.pop("PYTHONPYCACHEPREFIX", None)
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
     env.update(
         VLLM_RBLN_WHEEL=str(result.wheel),
         VLLM_RBLN_ENGINE_PIN=str(pin),

@@ -33,7 +33,7 @@ from pathlib import Path
 from .. import log, proc
 from ..apply import checkout_into
 from ..errors import ForkError
-from ..files import made_and_held, made_once, sha256_of
+from ..files import made_and_held, made_once, remove_unless_held, sha256_of
 from ..gitrepo import Repo
 from ..paths import PROJECT_ROOT, cache_root, upstream_repo_dir
 from ..pins import Pin
@@ -412,11 +412,26 @@ def run_tests(argv: list[str]) -> int:
         check_writable(args.time_table, "--time-table")
     # pytest's JUnit reports, read for the counts and then of no use, and the run's bytecode:
     # both removed however the run ends.
-    with (
-        tempfile.TemporaryDirectory(prefix="test-reports-") as reports,
-        tempfile.TemporaryDirectory(prefix="test-bytecode-") as bytecode,
-    ):
-        return _run(args, Path(reports), Path(bytecode))
+    with tempfile.TemporaryDirectory(prefix="test-reports-") as reports, run_bytecode_dir() as bytecode:
+        return _run(args, Path(reports), bytecode)
+
+
+@contextmanager
+def run_bytecode_dir() -> Iterator[Path]:
+    """The run's bytecode folder (PYTHONPYCACHEPREFIX, see ``_run``): in the cache, not in /tmp
+    (about 0.75 GB, memory where /tmp is a tmpfs), held while the run lasts and removed at its
+    end. A killed run's, which no process holds any more, is removed by the next run."""
+    root = cache_root() / "test-bytecode"
+    for old in sorted(root.glob("run-*")) if root.is_dir() else []:
+        if remove_unless_held(old):
+            (root / f".{old.name}.lock").unlink(missing_ok=True)
+    name = f"run-{os.getpid()}-{time.time_ns()}"
+    with made_and_held(root / name, lambda d: d.mkdir(parents=True)) as bytecode:
+        try:
+            yield bytecode
+        finally:
+            shutil.rmtree(bytecode, ignore_errors=True)
+    (root / f".{name}.lock").unlink(missing_ok=True)
 
 
 def _run(args: argparse.Namespace, reports: Path, bytecode: Path) -> int:
