@@ -21,8 +21,12 @@ the `no-backport` tree only the cost table is printed.
      tokens, as the engine hashes them), and upstream's `Scheduler` hashing
      at 4 too (the series lets it hit inside a block): the RBLN code's cost.
    * `sub-block-vs-whole`: the same, upstream hashing whole blocks: the
-     feature's whole cost (4x the hashing, and upstream's partial-tail
-     bookkeeping every step).
+     feature's whole cost (8x the hashing in blocks of 32, and an index
+     entry each time a decode crosses a boundary, every 4th token): the
+     worst case, a sub-block far below any real prefill chunk.
+   * `sub-block-at-chunk`: the same price at the sub-block's default, the
+     prefill chunk (128 tokens, in blocks of 512; upstream hashing whole
+     blocks): one boundary every 128 tokens of a request.
    * `pressure`: 128 output tokens in a pool of 5 blocks a request (a
      sequence needs up to 10): decodes are preempted and prefilled again
      throughout. Both run the workload to the end and the cost is per
@@ -108,11 +112,16 @@ class CostConfig:
     # tokens in 16-token blocks); fewer puts the pool under pressure.
     blocks_per_request: int = 40
     max_tokens: int = 512
+    # With sub-blocks: the KV block and the prefill chunk (the harness's
+    # `max_num_batched_tokens`), both schedulers alike.
+    block_size: int = 32
+    chunk: int = 32
 
     @property
     def under_pressure(self) -> bool:
         """The pool cannot hold every sequence at once."""
-        return self.blocks_per_request * 16 < 32 + self.max_tokens
+        block = self.block_size if self.sub_block_size is not None else 16
+        return self.blocks_per_request * block < 32 + self.max_tokens
 
 
 COST_CONFIGS = {
@@ -122,6 +131,16 @@ COST_CONFIGS = {
         CostConfig("priority", policy="priority"),
         CostConfig("sub-block", sub_block_size=4),
         CostConfig("sub-block-vs-whole", sub_block_size=4, same_hashing=False),
+        # The sub-block at its default, the prefill chunk, under a block four
+        # chunks long: one boundary every 128 tokens of a request, not every 4.
+        CostConfig(
+            "sub-block-at-chunk",
+            sub_block_size=128,
+            same_hashing=False,
+            block_size=512,
+            chunk=128,
+            blocks_per_request=2,
+        ),
         # 32 sequences of up to 160 tokens (10 blocks each) in 5 blocks each:
         # decodes are preempted and prefilled again throughout.
         CostConfig("pressure", blocks_per_request=5, max_tokens=128),
@@ -141,16 +160,16 @@ def _cost_scheduler(rbln: bool, config: CostConfig) -> Scheduler:
     elif config.sub_block_size is not None and config.same_hashing:
         scheduler_cls = functools.partial(UpstreamScheduler, hash_block_size=config.sub_block_size)
     # Sub-block caching needs block >= prefill chunk >= sub-block (vllm-rbln's
-    # rule), and a decode step of 32 requests 32 tokens: chunks of 32 in
-    # blocks of 32 (twice the blocks held), the sub-block below the chunk on a
-    # platform that declares it can (sched_harness.chunks_may_cross_kv_blocks).
+    # rule), and a decode step of 32 requests 32 tokens: chunks of at least 32
+    # (the config's), the sub-block below the chunk on a platform that
+    # declares it can (sched_harness.chunks_may_cross_kv_blocks).
     sub_blocks = config.sub_block_size is not None
     scheduler = create_scheduler(
         scheduler_cls=scheduler_cls,
-        block_size=32 if sub_blocks else 16,
+        block_size=config.block_size if sub_blocks else 16,
         num_blocks=32 * config.blocks_per_request + 1,
         max_num_seqs=32,
-        max_num_batched_tokens=32 if sub_blocks else 512,
+        max_num_batched_tokens=config.chunk if sub_blocks else 512,
         max_model_len=1024,
         enable_prefix_caching=config.sub_block_size is not None,
         scheduling_policy=config.policy,
