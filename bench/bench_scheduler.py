@@ -113,15 +113,17 @@ class CostConfig:
     blocks_per_request: int = 40
     max_tokens: int = 512
     # With sub-blocks: the KV block and the prefill chunk (the harness's
-    # `max_num_batched_tokens`), both schedulers alike.
-    block_size: int = 32
-    chunk: int = 32
+    # `max_num_batched_tokens`), both schedulers alike; without, 16 and 512.
+    sub_block_geometry: tuple[int, int] = (32, 32)
+
+    @property
+    def block_and_chunk(self) -> tuple[int, int]:
+        return (16, 512) if self.sub_block_size is None else self.sub_block_geometry
 
     @property
     def under_pressure(self) -> bool:
         """The pool cannot hold every sequence at once."""
-        block = self.block_size if self.sub_block_size is not None else 16
-        return self.blocks_per_request * block < 32 + self.max_tokens
+        return self.blocks_per_request * self.block_and_chunk[0] < 32 + self.max_tokens
 
 
 COST_CONFIGS = {
@@ -131,14 +133,14 @@ COST_CONFIGS = {
         CostConfig("priority", policy="priority"),
         CostConfig("sub-block", sub_block_size=4),
         CostConfig("sub-block-vs-whole", sub_block_size=4, same_hashing=False),
-        # The sub-block at its default, the prefill chunk, under a block four
+        # The sub-block at what its default takes here (the prefill chunk; an
+        # unset size resolves to 128 on the plain platform), under a block four
         # chunks long: one boundary every 128 tokens of a request, not every 4.
         CostConfig(
             "sub-block-at-chunk",
             sub_block_size=128,
             same_hashing=False,
-            block_size=512,
-            chunk=128,
+            sub_block_geometry=(512, 128),
             blocks_per_request=2,
         ),
         # 32 sequences of up to 160 tokens (10 blocks each) in 5 blocks each:
@@ -163,13 +165,13 @@ def _cost_scheduler(rbln: bool, config: CostConfig) -> Scheduler:
     # rule), and a decode step of 32 requests 32 tokens: chunks of at least 32
     # (the config's), the sub-block below the chunk on a platform that
     # declares it can (sched_harness.chunks_may_cross_kv_blocks).
-    sub_blocks = config.sub_block_size is not None
+    block_size, chunk = config.block_and_chunk
     scheduler = create_scheduler(
         scheduler_cls=scheduler_cls,
-        block_size=config.block_size if sub_blocks else 16,
+        block_size=block_size,
         num_blocks=32 * config.blocks_per_request + 1,
         max_num_seqs=32,
-        max_num_batched_tokens=config.chunk if sub_blocks else 512,
+        max_num_batched_tokens=chunk,
         max_model_len=1024,
         enable_prefix_caching=config.sub_block_size is not None,
         scheduling_policy=config.policy,
