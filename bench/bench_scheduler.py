@@ -109,16 +109,20 @@ class CostConfig:
     # own. False: upstream hashes whole blocks, the feature's whole cost.
     same_hashing: bool = True
     # KV blocks per request in the pool: 40 holds every sequence (512 + 32
-    # tokens in 16-token blocks); fewer puts the pool under pressure.
+    # tokens, in blocks of 16 or more); fewer puts the pool under pressure.
     blocks_per_request: int = 40
     max_tokens: int = 512
     # With sub-blocks: the KV block and the prefill chunk (the harness's
-    # `max_num_batched_tokens`), both schedulers alike; without, 16 and 512.
-    sub_block_geometry: tuple[int, int] = (32, 32)
+    # `max_num_batched_tokens`), both schedulers alike.
+    sub_block_kv_block: int = 32
+    sub_block_chunk: int = 32
 
     @property
     def block_and_chunk(self) -> tuple[int, int]:
-        return (16, 512) if self.sub_block_size is None else self.sub_block_geometry
+        """(KV block, prefill chunk): the sub-block fields', or 16 and 512 without sub-blocks."""
+        if self.sub_block_size is None:
+            return 16, 512
+        return self.sub_block_kv_block, self.sub_block_chunk
 
     @property
     def under_pressure(self) -> bool:
@@ -140,7 +144,8 @@ COST_CONFIGS = {
             "sub-block-at-chunk",
             sub_block_size=128,
             same_hashing=False,
-            sub_block_geometry=(512, 128),
+            sub_block_kv_block=512,
+            sub_block_chunk=128,
             blocks_per_request=2,
         ),
         # 32 sequences of up to 160 tokens (10 blocks each) in 5 blocks each:
