@@ -94,6 +94,7 @@ class Watched:
     conflict_tree: Path | None = None
     patches: int = 0  # patches in the carried series
     statuses: dict[str, int] = field(default_factory=dict)  # review status -> patches
+    conflict_kinds: str = ""  # "N with upstream, M knock-on" (Review.conflict_kinds)
     reused: tuple[str, ...] = ()  # conflicted files resolved from recorded resolutions
     stopped_at: str = ""  # the patch the carry stopped at (its subject)
     unresolved: tuple[str, ...] = ()  # its conflicted files
@@ -385,6 +386,7 @@ def _move(
         conflict_tree=None if carried else tree,
         patches=sum(n for s, n in result.counts.items() if s not in (Status.DROPPED, Status.UPSTREAMED)),
         statuses={str(s): n for s, n in result.counts.items() if n},
+        conflict_kinds=result.conflict_kinds,
         reused=result.reused,
         stopped_at=stopped_at,
         unresolved=unresolved,
@@ -599,7 +601,9 @@ def summary(w: Watched) -> str:
     lines = [
         head + (f" on branch `{w.branch}`." if w.branch else "."),
         "",
-        f"* review: {statuses} (report: `{_rel(w.report, w.root)}`, and the CI artifact)",
+        f"* review: {statuses}"
+        + (f"; conflicts: {w.conflict_kinds}" if w.conflict_kinds else "")
+        + f" (report: `{_rel(w.report, w.root)}`, and the CI artifact)",
         f"* conflicts resolved from `rerere/`: {len(w.reused)}"
         + (f" ({', '.join(f'`{f}`' for f in w.reused)})" if w.reused else ""),
     ]

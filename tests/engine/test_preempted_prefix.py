@@ -12,8 +12,8 @@ L's own after its resumption too.
 
 What the engine cannot show: the wrong KV the scheduler tier's oracle found before the fix
 (an entry registered by the step the preemption took back). With the fix reverted over the
-installed wheel (the revert of ``register-a-step-s-sub-block-prefix-cache-entries-once-the-pass.patch``
-applied with ``engine_kit.variant_site``), measured on 2026-12-03 at 0.31.0 over 32
+installed wheel (the revert of the step-entry commit, then a patch of its own, applied with
+``engine_kit.variant_site``), measured on 2026-12-03 at 0.31.0 over 32
 geometries (L of 22 and 40 tokens, X to 20 and 36 tokens past L's prompt, pools of 4 and 5
 blocks, H at steps 2 to 9): the tokens stay the same and X never hits more than L's kept full
 block. The preempted request's blocks are freed tail first, so the block holding the stale

@@ -129,11 +129,18 @@ class KVOracle:
             SlidingWindowManager,
         )
 
+        # Exactly these classes: a subclass of upstream's with other semantics (sink tokens, a
+        # rolling window) keeps its KV otherwise. The RBLN forms (sub-block caching) keep it so;
+        # vllm-rbln's side of the parity tier runs an unpatched vLLM, which has none.
+        followed: tuple[type, ...] = (FullAttentionManager, SlidingWindowManager)
+        try:
+            from vllm.v1.core.sched.rbln_kv_cache import RBLNFullAttentionManager, RBLNSlidingWindowManager
+        except ModuleNotFoundError:
+            pass
+        else:
+            followed += (RBLNFullAttentionManager, RBLNSlidingWindowManager)
         managers = scheduler.kv_cache_manager.coordinator.single_type_managers
-        return all(
-            type(m) in (FullAttentionManager, SlidingWindowManager) and m.block_size == managers[0].block_size
-            for m in managers
-        )
+        return all(type(m) in followed and m.block_size == managers[0].block_size for m in managers)
 
     # -- the connector's loads ------------------------------------------------------
 

@@ -14,8 +14,9 @@ from kv_oracle import KVContentsError, KVOracle
 def _sub_block_scheduler(rbln: bool = True, sub_block_size: int = 4, **kwargs: Any) -> Any:
     """Blocks of 16, chunks of 16, ngram drafts (3 a step), prefix caching hashed every
     ``sub_block_size`` tokens: the RBLN scheduler's sub-block caching (declared on a platform
-    whose chunks may cross KV blocks), or upstream's scheduler with the same hash size (the
-    series' coordinator patch lets a single full-attention group hash finer than its block)."""
+    whose chunks may cross KV blocks), or upstream's scheduler with the same hash size and the
+    RBLN KV cache classes (`kv_cache_manager_cls`: upstream's own coordinator refuses a hash
+    finer than its block), so upstream's policy drives the same sub-block entries."""
     kwargs.setdefault("max_num_batched_tokens", h.PREFILL_CHUNK)
     kwargs.setdefault("num_speculative_tokens", h.NUM_SPEC_TOKENS)
     kwargs.setdefault("speculative_method", "ngram")
@@ -26,10 +27,16 @@ def _sub_block_scheduler(rbln: bool = True, sub_block_size: int = 4, **kwargs: A
             h.sub_block_settings(sub_block_size), async_scheduling=kwargs.get("async_scheduling", False)
         )
         return h.make_scheduler(rbln=False, **kwargs)
+    from vllm.v1.core.sched.rbln_kv_cache import RBLNKVCacheManager
     from vllm.v1.core.sched.scheduler import Scheduler
 
+    class UpstreamPolicy(Scheduler):
+        kv_cache_manager_cls = RBLNKVCacheManager
+
     def upstream(**scheduler_kwargs: Any) -> Any:
-        return Scheduler(**scheduler_kwargs, hash_block_size=sub_block_size)
+        if sub_block_size == h.BLOCK_SIZE:
+            return Scheduler(**scheduler_kwargs)
+        return UpstreamPolicy(**scheduler_kwargs, hash_block_size=sub_block_size)
 
     return h.make_scheduler(rbln=False, scheduler_cls=upstream, **kwargs)
 
@@ -65,9 +72,8 @@ def _preempted_after_registering(rbln: bool, sub_block_size: int = 4) -> h.Drive
 
 @pytest.mark.parametrize(
     ("rbln", "sub_block_size"),
-    # Upstream's scheduler hashing every 4 tokens (the series' coordinator patch lets a
-    # single full-attention group do so) read the same wrong KV before the fix; with whole
-    # blocks it never did (the control).
+    # Upstream's scheduler hashing every 4 tokens over the RBLN KV cache classes read the
+    # same wrong KV before the fix; with whole blocks it never did (the control).
     [(True, 4), (False, 4), (False, h.BLOCK_SIZE)],
     ids=["rbln", "upstream-sub-block", "upstream-whole-blocks"],
 )

@@ -20,7 +20,7 @@ from vllm_rbln_fork.errors import ForkError
 from vllm_rbln_fork.pins import Pin
 from vllm_rbln_fork.project import Project
 from vllm_rbln_fork.review import Review, contained_backports, review
-from vllm_rbln_fork.review.render import html_page, markdown, write_reports
+from vllm_rbln_fork.review.render import html_page, markdown, summary_lines, write_reports
 from vllm_rbln_fork.workflow import checkout, export
 
 BACKPORT = "count-one-more-slot-at-admission.patch"
@@ -284,3 +284,42 @@ def test_the_html_range_diff_is_escaped(review_fork) -> None:
     table = body.split("<h2>Old series against new (range-diff)</h2>", 1)[1].split("</pre>", 1)[0]
     [line] = [line for line in table.splitlines() if BACKPORT in line]
     assert " &lt; " in line and " < " not in line, line
+
+
+def _commit(tree, subject: str) -> None:
+    import subprocess
+
+    message = f"{subject}\n\nWhy it exists, for the test.\n\nOrigin: rbln\nForwarded: no\n"
+    commit = ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", message]
+    for args in (["add", "--force", "--all"], commit):
+        done = subprocess.run(["git", *args], cwd=tree, capture_output=True, text=True)
+        assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_a_knock_on_conflict_names_the_patch_it_follows_from(review_fork, tmp_path) -> None:
+    """At 2.3 upstream changed the gate's line. A patch that edits it and writes a fork file of
+    its own conflicts with upstream; a later patch that edits only that fork file conflicts too
+    (the file is not there without the first), and the review says it follows from the first:
+    one resolution, not two."""
+    tree = checkout(Pin.parse("2.0"), review_fork.spec(), review_fork.project, tmp_path / "co")
+    gate = tree / "vllm/core/gate.py"
+    gate.write_text(gate.read_text().replace("needed = prompt_tokens + 1", "needed = prompt_tokens + 2"))
+    (tree / "vllm/core/margin.py").write_text("MARGIN = 2\n")
+    _commit(tree, "Widen the gate and name its margin")
+    (tree / "vllm/core/margin.py").write_text("MARGIN = 2  # tokens past the prompt\n")
+    _commit(tree, "Widen the margin once more")
+    export(tree, review_fork.project)
+
+    result = _review(review_fork, "2.3")
+    widen, margin = (
+        _one(result, "widen-the-gate-and-name-its-margin.patch"),
+        _one(result, "widen-the-margin-once-more.patch"),
+    )
+    assert widen.status == margin.status == "conflict"
+    assert widen.knock_on_from == () and _one(result, BACKPORT).knock_on_from == ()
+    assert margin.knock_on_from == ("widen-the-gate-and-name-its-margin.patch",)
+    assert result.conflict_kinds == "2 with upstream, 1 knock-on"
+    assert "knock-on: follows from widen-the-gate-and-name-its-margin.patch" in "\n".join(
+        summary_lines(result)
+    )
+    assert "**Knock-on conflict**" in markdown(result) and "Knock-on conflict" in html_page(result)

@@ -79,7 +79,7 @@ def review(
                     reviews.append(PatchReview(patch, Status.DROPPED, reason, mark="<", mark_note=reason))
                     continue
                 reviews.append(_review_one(src, by_name[patch.name], base, target, churn))
-            reviews = _note_skipped(reviews)
+            reviews = _note_skipped(_classify_conflicts(reviews, churn))
             old_head = built[-1].commit if built else base.commit
             range_diff = repo.out(
                 "range-diff", "--no-color", f"{base.commit}..{old_head}", f"{target.commit}..{head}"
@@ -108,6 +108,33 @@ def _note_skipped(reviews: list[PatchReview]) -> list[PatchReview]:
             r = replace(r, notes=(*r.notes, "carried without " + ", ".join(skipped) + " (conflict)"))
         if r.status is Status.CONFLICT:
             skipped.append(r.name)
+        out.append(r)
+    return out
+
+
+def _classify_conflicts(reviews: list[PatchReview], churn: dict[str, int]) -> list[PatchReview]:
+    """Tell a conflict with upstream from a knock-on one. A conflict in files upstream left
+    alone between the pins (the fork's own files, or an upstream file no release changed)
+    can only come from the series itself: an earlier patch that conflicted, was left out and
+    wrote the lines this one edits. Such a conflict names those patches and needs no
+    resolution of its own; resolving theirs resolves it. It names the root: the conflicts
+    with upstream among them, not a chain of knock-ons."""
+    from dataclasses import replace
+
+    out: list[PatchReview] = []
+    left_out: list[PatchReview] = []  # earlier conflicting patches, not carried
+    for r in reviews:
+        if r.status is Status.CONFLICT:
+            paths = {h.path for h in r.conflicts}
+            if paths and not any(churn.get(path, 0) for path in paths):
+                touching = [q for q in left_out if paths & {path for path, _ in q.files}]
+                # Name the root: the conflicts with upstream among them (a knock-on one
+                # follows from those too), else every one.
+                roots = [q for q in touching if not q.knock_on_from] or touching
+                culprits = tuple(q.name for q in roots)
+                if culprits:
+                    r = replace(r, knock_on_from=culprits)
+            left_out.append(r)
         out.append(r)
     return out
 

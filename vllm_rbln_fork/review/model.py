@@ -97,6 +97,10 @@ class PatchReview:
     own_interdiff: str = ""  # how the patch's own +/- lines changed (merged)
     interdiff: str = ""  # how the whole diff changed (context drift included)
     conflicts: tuple[ConflictHunk, ...] = ()
+    # A conflict that follows only from these earlier patches not being carried (they
+    # conflicted and were left out): no file of it changed upstream. Empty: a conflict with
+    # what upstream changed, the kind that needs a resolution of its own.
+    knock_on_from: tuple[str, ...] = ()
     symbols: tuple[SymbolChange, ...] = ()  # everything it relies on that upstream changed
     unchanged: tuple[str, ...] = ()  # what it relies on that upstream left alone
     files: tuple[tuple[str, int], ...] = ()  # (touched file, upstream lines changed in it)
@@ -135,6 +139,15 @@ class Review:
     @property
     def counts(self) -> dict[Status, int]:
         return {s: sum(1 for p in self.patches if p.status == s) for s in STATUSES}
+
+    @property
+    def conflict_kinds(self) -> str:
+        """'N with upstream, M knock-on' for the conflicts, or ''."""
+        conflicts = [p for p in self.patches if p.status is Status.CONFLICT]
+        knock_on = sum(1 for p in conflicts if p.knock_on_from)
+        if not conflicts:
+            return ""
+        return f"{len(conflicts) - knock_on} with upstream, {knock_on} knock-on"
 
     @property
     def ready(self) -> bool:

@@ -33,11 +33,18 @@ def write_reports(review: Review, folder: Path) -> tuple[Path, Path]:
 def summary_lines(review: Review) -> list[str]:
     """The few lines a terminal shows."""
     counts = ", ".join(f"{n} {s}" for s, n in review.counts.items() if n)
-    lines = [f"vllm {review.old_pin} -> {review.new_pin}: {review.verdict} ({counts})"]
+    kinds = f"; conflicts: {review.conflict_kinds}" if review.conflict_kinds else ""
+    lines = [f"vllm {review.old_pin} -> {review.new_pin}: {review.verdict} ({counts}{kinds})"]
     for p in review.patches:
         flags = f"  [{len(p.flags)} flagged]" if p.flags else ""
-        lines.append(f"  {p.mark} {p.status:<13} {p.name}{flags}")
+        lines.append(f"  {p.mark} {p.status:<13} {p.name}{flags}{_knock_on(p)}")
     return lines
+
+
+def _knock_on(p: PatchReview) -> str:
+    if not p.knock_on_from:
+        return ""
+    return f"  (knock-on: follows from {', '.join(p.knock_on_from)} not being carried)"
 
 
 # --- Markdown ---------------------------------------------------------------------------
@@ -73,6 +80,7 @@ def markdown(review: Review) -> str:
         "|---|---|",
         *(f"| {ICONS[s]} {s} | {n} |" for s, n in review.counts.items()),
         "",
+        *([f"Conflicts: **{review.conflict_kinds}**.", ""] if review.conflict_kinds else []),
         "**Next:**",
         "",
         "```sh\n" + "\n".join(review.next_commands) + "\n```",
@@ -113,6 +121,13 @@ def _md_patch(i: int, p: PatchReview, review: Review) -> list[str]:
     out = [f"### {i}. {p.patch.subject} — {ICONS[p.status]} {p.status}", "", f"`patches/{p.name}`"]
     if p.reason:
         out += ["", p.reason]
+    if p.knock_on_from:
+        out += [
+            "",
+            "**Knock-on conflict**: no file of it changed upstream; it follows from "
+            + ", ".join(f"`{n}`" for n in p.knock_on_from)
+            + " not being carried. Resolving that conflict resolves this one.",
+        ]
     for note in p.notes:
         out += ["", f"> {note}"]
     for h in p.conflicts:
@@ -269,6 +284,12 @@ def _html_patch(i: int, p: PatchReview, review: Review) -> list[str]:
     ]
     if p.reason:
         parts.append(f"<p>{e(p.reason)}</p>")
+    if p.knock_on_from:
+        culprits = ", ".join(f"<code>{e(n)}</code>" for n in p.knock_on_from)
+        parts.append(
+            f"<p><strong>Knock-on conflict</strong>: no file of it changed upstream; it follows "
+            f"from {culprits} not being carried. Resolving that conflict resolves this one.</p>"
+        )
     parts += [f"<blockquote>{e(n)}</blockquote>" for n in p.notes]
     for h in p.conflicts:
         parts.append(f"<h3>Conflict in <code>{e(h.path)}</code> at line {h.line}</h3>")
