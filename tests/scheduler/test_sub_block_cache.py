@@ -421,6 +421,12 @@ def outside_rule_3(layout: str) -> list[Any]:
     )
 
     shape: dict[str, Any] = {"block_size": BLOCK, "num_kv_heads": 1, "head_size": 64, "dtype": torch.float32}
+    if layout == "hisparse-source":
+        # A full-attention spec whose role gives it another manager (HiSparseSourceManager):
+        # the spec class alone would pass, the manager is not one the sub-block forms replace.
+        from vllm.v1.kv_cache_interface import KVCacheGroupRole
+
+        return [KVCacheGroupSpec(["full"], FullAttentionSpec(**shape), role=KVCacheGroupRole.HISPARSE_SOURCE)]
     hidden = KVCacheGroupSpec(["hidden"], HiddenStateCacheSpec(**shape))
     if layout == "hidden-state":
         return [hidden]
@@ -446,6 +452,7 @@ def on_groups(scheduler_cls: Callable[..., Any], groups: list[Any]) -> Callable[
     [
         ("hidden-state", "['HiddenStateCacheSpec']"),
         ("full-and-hidden-state", "['FullAttentionSpec', 'HiddenStateCacheSpec']"),
+        ("hisparse-source", "['FullAttentionSpec served by HiSparseSourceManager']"),
     ],
 )
 def test_a_kv_cache_layout_outside_rule_3(layout: str, names: str) -> None:
