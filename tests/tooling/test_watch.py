@@ -146,6 +146,7 @@ def test_a_conflicting_release_stops_with_the_report_and_the_conflict_tree(repo_
     assert "not run: the carry stopped" in stopped.tier
     text = summary(stopped)
     assert "needs a hand" in text and "**stopped** at `Count one more slot at admission`" in text
+    assert "; conflicts: 1 with upstream, 0 knock-on (report:" in text
     # The steps name no path of this machine (the conflict tree is a work tree of its cache's
     # repository): they are the ones a maintainer runs in a clone of their own (below).
     record = (root / "docs" / "rebases" / "v1.3.md").read_text()

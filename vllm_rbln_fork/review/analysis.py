@@ -79,7 +79,7 @@ def review(
                     reviews.append(PatchReview(patch, Status.DROPPED, reason, mark="<", mark_note=reason))
                     continue
                 reviews.append(_review_one(src, by_name[patch.name], base, target, churn))
-            reviews = _note_skipped(_classify_conflicts(reviews, churn))
+            reviews = _note_skipped(reviews, churn)
             old_head = built[-1].commit if built else base.commit
             range_diff = repo.out(
                 "range-diff", "--no-color", f"{base.commit}..{old_head}", f"{target.commit}..{head}"
@@ -97,43 +97,28 @@ def review(
     return result
 
 
-def _note_skipped(reviews: list[PatchReview]) -> list[PatchReview]:
-    """After a conflict, later patches were carried without the conflicting one: say so."""
-    from dataclasses import replace
-
-    out: list[PatchReview] = []
-    skipped: list[str] = []
-    for r in reviews:
-        if skipped and r.status not in (Status.DROPPED, Status.UPSTREAMED):
-            r = replace(r, notes=(*r.notes, "carried without " + ", ".join(skipped) + " (conflict)"))
-        if r.status is Status.CONFLICT:
-            skipped.append(r.name)
-        out.append(r)
-    return out
-
-
-def _classify_conflicts(reviews: list[PatchReview], churn: dict[str, int]) -> list[PatchReview]:
-    """Tell a conflict with upstream from a knock-on one. A conflict in files upstream left
-    alone between the pins (the fork's own files, or an upstream file no release changed)
-    can only come from the series itself: an earlier patch that conflicted, was left out and
-    wrote the lines this one edits. Such a conflict names those patches and needs no
-    resolution of its own; resolving theirs resolves it. It names the root: the conflicts
-    with upstream among them, not a chain of knock-ons."""
+def _note_skipped(reviews: list[PatchReview], churn: dict[str, int]) -> list[PatchReview]:
+    """After a conflict, later patches were carried without the conflicting one: say so, and
+    tell a conflict with upstream from a knock-on one. A conflict in files upstream left alone
+    between the pins (the fork's own files, or an upstream file no release changed) can only
+    come from the series itself: an earlier patch that conflicted, was left out and wrote the
+    lines this one edits. It names the root of that (the conflicts with upstream among those
+    patches, not a chain of knock-ons) and needs no resolution of its own."""
     from dataclasses import replace
 
     out: list[PatchReview] = []
     left_out: list[PatchReview] = []  # earlier conflicting patches, not carried
     for r in reviews:
+        if left_out and r.status not in (Status.DROPPED, Status.UPSTREAMED):
+            skipped = ", ".join(q.name for q in left_out)
+            r = replace(r, notes=(*r.notes, f"carried without {skipped} (conflict)"))
         if r.status is Status.CONFLICT:
             paths = {h.path for h in r.conflicts}
             if paths and not any(churn.get(path, 0) for path in paths):
                 touching = [q for q in left_out if paths & {path for path, _ in q.files}]
-                # Name the root: the conflicts with upstream among them (a knock-on one
-                # follows from those too), else every one.
                 roots = [q for q in touching if not q.knock_on_from] or touching
-                culprits = tuple(q.name for q in roots)
-                if culprits:
-                    r = replace(r, knock_on_from=culprits)
+                if roots:
+                    r = replace(r, knock_on_from=tuple(q.name for q in roots))
             left_out.append(r)
         out.append(r)
     return out

@@ -6,6 +6,7 @@ from __future__ import annotations
 import difflib
 import html
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 from ..files import write_atomic
@@ -45,6 +46,15 @@ def _knock_on(p: PatchReview) -> str:
     if not p.knock_on_from:
         return ""
     return f"  (knock-on: follows from {', '.join(p.knock_on_from)} not being carried)"
+
+
+def _knock_on_sentence(p: PatchReview, code: Callable[[str], str]) -> str:
+    """The reports' paragraph on a knock-on conflict, ``code`` marking up a patch name."""
+    return (
+        "no file of it changed upstream; it follows from "
+        + ", ".join(code(n) for n in p.knock_on_from)
+        + " not being carried. Resolving that conflict resolves this one."
+    )
 
 
 # --- Markdown ---------------------------------------------------------------------------
@@ -122,12 +132,7 @@ def _md_patch(i: int, p: PatchReview, review: Review) -> list[str]:
     if p.reason:
         out += ["", p.reason]
     if p.knock_on_from:
-        out += [
-            "",
-            "**Knock-on conflict**: no file of it changed upstream; it follows from "
-            + ", ".join(f"`{n}`" for n in p.knock_on_from)
-            + " not being carried. Resolving that conflict resolves this one.",
-        ]
+        out += ["", "**Knock-on conflict**: " + _knock_on_sentence(p, lambda n: f"`{n}`")]
     for note in p.notes:
         out += ["", f"> {note}"]
     for h in p.conflicts:
@@ -285,11 +290,8 @@ def _html_patch(i: int, p: PatchReview, review: Review) -> list[str]:
     if p.reason:
         parts.append(f"<p>{e(p.reason)}</p>")
     if p.knock_on_from:
-        culprits = ", ".join(f"<code>{e(n)}</code>" for n in p.knock_on_from)
-        parts.append(
-            f"<p><strong>Knock-on conflict</strong>: no file of it changed upstream; it follows "
-            f"from {culprits} not being carried. Resolving that conflict resolves this one.</p>"
-        )
+        sentence = _knock_on_sentence(p, lambda n: f"<code>{e(n)}</code>")
+        parts.append(f"<p><strong>Knock-on conflict</strong>: {sentence}</p>")
     parts += [f"<blockquote>{e(n)}</blockquote>" for n in p.notes]
     for h in p.conflicts:
         parts.append(f"<h3>Conflict in <code>{e(h.path)}</code> at line {h.line}</h3>")
