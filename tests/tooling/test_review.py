@@ -298,28 +298,33 @@ def _commit(tree, subject: str) -> None:
 
 def test_a_knock_on_conflict_names_the_patch_it_follows_from(review_fork, tmp_path) -> None:
     """At 2.3 upstream changed the gate's line. A patch that edits it and writes a fork file of
-    its own conflicts with upstream; a later patch that edits only that fork file conflicts too
-    (the file is not there without the first), and the review says it follows from the first:
-    one resolution, not two."""
+    its own conflicts with upstream; a later patch that edits only that fork file (and writes
+    a text file) conflicts too, the file not being there without the first; a third that edits
+    only the text file conflicts in turn. Both later ones follow from the first, the root of
+    the chain, whatever the file's kind: one resolution, not three."""
     tree = checkout(Pin.parse("2.0"), review_fork.spec(), review_fork.project, tmp_path / "co")
     gate = tree / "vllm/core/gate.py"
     gate.write_text(gate.read_text().replace("needed = prompt_tokens + 1", "needed = prompt_tokens + 2"))
     (tree / "vllm/core/margin.py").write_text("MARGIN = 2\n")
     _commit(tree, "Widen the gate and name its margin")
     (tree / "vllm/core/margin.py").write_text("MARGIN = 2  # tokens past the prompt\n")
+    (tree / "vllm/core/margin.txt").write_text("two tokens\n")
     _commit(tree, "Widen the margin once more")
+    (tree / "vllm/core/margin.txt").write_text("two tokens past the prompt\n")
+    _commit(tree, "Say what the margin is")
     export(tree, review_fork.project)
 
     result = _review(review_fork, "2.3")
-    widen, margin = (
-        _one(result, "widen-the-gate-and-name-its-margin.patch"),
+    root = "widen-the-gate-and-name-its-margin.patch"
+    widen, margin, note = (
+        _one(result, root),
         _one(result, "widen-the-margin-once-more.patch"),
+        _one(result, "say-what-the-margin-is.patch"),
     )
-    assert widen.status == margin.status == "conflict"
+    assert widen.status == margin.status == note.status == "conflict"
     assert widen.knock_on_from == () and _one(result, BACKPORT).knock_on_from == ()
-    assert margin.knock_on_from == ("widen-the-gate-and-name-its-margin.patch",)
-    assert result.conflict_kinds == "2 with upstream, 1 knock-on"
-    assert "knock-on: follows from widen-the-gate-and-name-its-margin.patch" in "\n".join(
-        summary_lines(result)
-    )
+    assert margin.knock_on_from == (root,)
+    assert note.knock_on_from == (root,)  # the root, not the knock-on between; a .txt file too
+    assert result.conflict_kinds == "2 with upstream, 2 knock-on"
+    assert f"knock-on: follows from {root} not being carried" in "\n".join(summary_lines(result))
     assert "**Knock-on conflict**" in markdown(result) and "Knock-on conflict" in html_page(result)

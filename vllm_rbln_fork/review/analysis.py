@@ -99,11 +99,13 @@ def review(
 
 def _note_skipped(reviews: list[PatchReview], churn: dict[str, int]) -> list[PatchReview]:
     """After a conflict, later patches were carried without the conflicting one: say so, and
-    tell a conflict with upstream from a knock-on one. A conflict in files upstream left alone
-    between the pins (the fork's own files, or an upstream file no release changed) can only
-    come from the series itself: an earlier patch that conflicted, was left out and wrote the
-    lines this one edits. It names the root of that (the conflicts with upstream among those
-    patches, not a chain of knock-ons) and needs no resolution of its own."""
+    tell a conflict with upstream from a knock-on one. A conflict is knock-on when upstream
+    left every file it conflicts in alone between the pins (the fork's own files, or an
+    upstream file no release changed) and an earlier patch that conflicted and was left out
+    touched one of them: it follows from that patch, and names the root of the chain (the
+    conflicts with upstream it follows from, through any knock-on between). Anything else
+    is counted with upstream, including a conflict in an unchanged file that no left-out
+    patch touched (say one an upstreamed patch wrote): it needs a look of its own."""
     from dataclasses import replace
 
     out: list[PatchReview] = []
@@ -115,10 +117,11 @@ def _note_skipped(reviews: list[PatchReview], churn: dict[str, int]) -> list[Pat
         if r.status is Status.CONFLICT:
             paths = {h.path for h in r.conflicts}
             if paths and not any(churn.get(path, 0) for path in paths):
-                touching = [q for q in left_out if paths & {path for path, _ in q.files}]
-                roots = [q for q in touching if not q.knock_on_from] or touching
+                # Every file a left-out patch touches, not only the Python ones `files` lists.
+                touching = [q for q in left_out if paths & {f.path for f in parse_diff(q.patch.text)}]
+                roots = dict.fromkeys(name for q in touching for name in (q.knock_on_from or (q.name,)))
                 if roots:
-                    r = replace(r, knock_on_from=tuple(q.name for q in roots))
+                    r = replace(r, knock_on_from=tuple(roots))
             left_out.append(r)
         out.append(r)
     return out

@@ -53,7 +53,7 @@ def _knock_on_sentence(p: PatchReview, code: Callable[[str], str]) -> str:
     return (
         "no file of it changed upstream; it follows from "
         + ", ".join(code(n) for n in p.knock_on_from)
-        + " not being carried. Resolving that conflict resolves this one."
+        + " not being carried. Resolving that conflict usually resolves this one."
     )
 
 
