@@ -9,6 +9,7 @@ import email.utils
 import os
 import re
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -60,33 +61,100 @@ def trailer_drop(patch: Patch, pin: Pin) -> str | None:
     return None
 
 
-def commit_series_on(repo: Repo, base: Upstream, series: Series, scratch: Path) -> list[Applied]:
+# The commit that made a shared patch at the pin it was exported against
+# (``Patch.exported_against``): the "theirs" of its 3-way merge onto another pin.
+HomeCommit = Callable[[Patch], str]
+
+
+def commit_series_on(
+    repo: Repo, base: Upstream, series: Series, scratch: Path, home_commit: HomeCommit | None = None
+) -> list[Applied]:
     """Commit every patch, in order, on the pin the series was exported against.
 
     This needs no work tree: ``git apply --cached`` on a private index. The commits are
     deterministic (author and date come from the patch), so they are the same everywhere.
+
+    A shared patch (``patches/<name>``, not a pin's own form) exported against another
+    pin that does not apply as it stands (upstream rewrote its context) is merged in:
+    git's 3-way merge of ``home_commit(patch)``, the commit that made it at that pin,
+    as a cherry-pick. So a pin needs its own form only where the patch's changed lines
+    must differ there, not where its context does (docs/patch-workflow.md).
     """
     env = {"GIT_INDEX_FILE": str(scratch / "index-base")}
     repo.run("read-tree", base.commit, env=env)
     head = base.commit
     built = []
     for patch in series.patches:
-        patch_file = scratch / patch.name
-        patch_file.write_text(patch.text)
-        status, out = repo.run("apply", "--cached", "--recount", str(patch_file), env=env, ok_codes=(0, 1))
-        if status != 0:
-            if trailer_drop(patch, base.pin):
-                continue
-            raise PatchDoesNotApply(
-                f"patches/{patch.name} does not apply to vllm {base.pin}, the pin the series "
-                f"says it was exported against:\n{out.strip()}\nThe patch file was edited by hand "
-                f"or the series order changed. Check it out with 'python build.py checkout --pin "
-                f"{base.pin}' at the last good state, fix it there and export again."
-            )
-        tree = repo.out("write-tree", env=env).strip()
+        tree = _apply(repo, env, head, patch, base.pin, scratch, home_commit)
+        if tree is None:
+            continue
         parent, head = head, repo.commit_tree(tree, [head], patch.message, patch_identity(patch))
         built.append(Applied(patch, head, parent, tree))
     return built
+
+
+def apply_as_built(
+    repo: Repo, parent: str, patch: Patch, pin: Pin, scratch: Path, home_commit: HomeCommit | None
+) -> str | None:
+    """The tree the build makes of ``patch`` on the commit ``parent`` at ``pin`` (None: its
+    trailer drops it there), or a PatchDoesNotApply."""
+    env = {"GIT_INDEX_FILE": str(scratch / "index-one")}
+    head = repo.out("rev-parse", "--verify", f"{parent}^{{commit}}").strip()
+    repo.run("read-tree", head, env=env)
+    return _apply(repo, env, head, patch, pin, scratch, home_commit)
+
+
+def _apply(
+    repo: Repo,
+    env: dict[str, str],
+    head: str,
+    patch: Patch,
+    pin: Pin,
+    scratch: Path,
+    home_commit: HomeCommit | None,
+) -> str | None:
+    """``patch`` applied to the index ``env`` holds (``head``'s tree): as it stands, else
+    merged from its home; the new tree, or None where its trailer drops it at ``pin``."""
+    patch_file = scratch / patch.name
+    patch_file.write_text(patch.text)
+    status, out = repo.run("apply", "--cached", "--recount", str(patch_file), env=env, ok_codes=(0, 1))
+    if status != 0:
+        if trailer_drop(patch, pin):
+            return None
+        home = patch.exported_against
+        if home is None or home == pin or patch.path or home_commit is None:
+            raise PatchDoesNotApply(_does_not_apply(patch, pin, out))
+        repo.run("read-tree", _merged_from_home(repo, head, patch, pin, home_commit(patch)), env=env)
+    return repo.out("write-tree", env=env).strip()
+
+
+def _does_not_apply(patch: Patch, pin: Pin, out: str) -> str:
+    if patch.path:  # a pin's own form is exported against its pin
+        where = f"vllm {pin}, the pin whose own form it is"
+    else:
+        where = f"vllm {pin}, the pin the series says it was exported against"
+    return (
+        f"patches/{patch.entry} does not apply to {where}:\n{out.strip()}\nThe patch file was "
+        f"edited by hand or the series order changed. Check it out with 'python build.py checkout "
+        f"--pin {pin}' at the last good state, fix it there and export again."
+    )
+
+
+def _merged_from_home(repo: Repo, head: str, patch: Patch, pin: Pin, theirs: str) -> str:
+    """The tree of ``theirs`` (``patch`` at its home pin) cherry-picked onto ``head``, or a
+    PatchDoesNotApply naming the files in conflict and the way out."""
+    tree, conflicts = _three_way(repo, head, theirs)
+    if not conflicts:
+        return tree
+    home = patch.exported_against
+    raise PatchDoesNotApply(
+        f"patches/{patch.name} does not apply to vllm {pin} as it stands, and its 3-way merge "
+        f"from vllm {home} (the pin it was exported against) conflicts in {', '.join(conflicts)}. "
+        f"A shared patch that merges at every pin naming it is what 'export --promote' writes: "
+        f"was it edited by hand? Restore it (git checkout -- patches/{patch.name}), or give vllm "
+        f"{pin} its own form: 'python build.py checkout --pin {pin}' with the last good file, make "
+        f"the change there, and export."
+    )
 
 
 def _reverse_applies(repo: Repo, head: str, patch: Patch, scratch: Path) -> bool:

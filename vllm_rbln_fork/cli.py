@@ -186,9 +186,17 @@ def _export_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--promote",
         action="store_true",
-        help="write a changed patch on the fork's own files (the RBLN scheduler's) to the shared "
-        "patches/<name> that other pins' series name, instead of this pin's own form; those pins "
-        "must then be tested (docs/patch-workflow.md)",
+        help="write a changed patch to the shared patches/<name> that other pins' series name, "
+        "instead of this pin's own form, where it builds at each of them (a patch on upstream files "
+        "is merged in where it does not apply as it stands); those pins must then be tested "
+        "(docs/patch-workflow.md)",
+    )
+    parser.add_argument(
+        "--rehome",
+        action="store_true",
+        help="make this pin the home (Exported-Against) of every shared patch it builds, changed or "
+        "not, where each builds at the other pins naming it: the step before retiring a pin that "
+        "shared patches are merged from (docs/patch-workflow.md)",
     )
     return parser
 
@@ -448,7 +456,7 @@ def _checkout(args: argparse.Namespace) -> int:
 def _export(args: argparse.Namespace) -> int:
     from .workflow import export
 
-    result = export(args.dir.resolve(), Project.default(), promote=args.promote)
+    result = export(args.dir.resolve(), Project.default(), promote=args.promote, rehome=args.rehome)
     if not result.changed:
         say("export: patches/ and series are unchanged")
     for name in result.changed:
@@ -461,7 +469,7 @@ def _export(args: argparse.Namespace) -> int:
         if name in result.cannot_promote:
             said: tuple[Part, ...] = (
                 (("not promoted", "bold red"), f" {name}: {result.cannot_promote[name]}. It is ")
-                if args.promote
+                if args.promote or args.rehome
                 else (
                     ("note", "yellow"),
                     f" {name} changed at this pin only (it cannot be promoted: "
@@ -484,8 +492,9 @@ def _export(args: argparse.Namespace) -> int:
     for name, own in result.redundant.items():
         say(
             ("redundant", "yellow"),
-            f" {own} removed: the shared patches/{name} applies at {result.pin} and gives the same "
-            f"commit (only its line numbers differ), so {result.pin} builds the shared patches/{name}",
+            f" {own} removed: the shared patches/{name}, applied at {result.pin} as the build applies it "
+            f"(merged from its home pin where it does not apply as it stands), gives the same commit "
+            f"(only context and line numbers differ), so {result.pin} builds the shared patches/{name}",
         )
     for name, pins in result.own_forms_not_updated.items():
         forms = ", ".join(f"patches/{p}/{name}" for p in pins)
@@ -507,7 +516,8 @@ def _export(args: argparse.Namespace) -> int:
         for pin in pins:
             say(f"    test it: python build.py test --pin {pin}")
     # Work left: a change that could not be promoted, or own forms the change did not reach.
-    return 1 if (args.promote and result.cannot_promote) or result.own_forms_not_updated else 0
+    asked = args.promote or args.rehome
+    return 1 if (asked and result.cannot_promote) or result.own_forms_not_updated else 0
 
 
 def _forget(args: argparse.Namespace) -> int:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import __version__, log
-from .errors import ForkError, WouldRecord
+from .errors import ForkError, PatchDoesNotApply, WouldRecord
 from .files import (
     copy_atomic,
     fsync_dir,
@@ -176,6 +176,107 @@ def base_upstream(
     return prepare(repo, base_pin, base_spec, lock, scratch).upstream
 
 
+class Homes:
+    """Each shared patch's commit at the pin it was exported against (its home,
+    ``Patch.exported_against``): the 3-way merge's "theirs" where the patch does not apply
+    to another pin as it stands. A home's series is committed on its pin once, on first
+    need (its sdist imported if this machine lacks it), and merges of its own are followed.
+
+    ``override``: a home's commits given by name (export checks a series not yet written).
+    ``peer``: a repository to take a pin's upstream commit from before importing its sdist
+    (export works in a checkout's clone; the build cache has the pins it built)."""
+
+    def __init__(
+        self,
+        repo: Repo,
+        project: Project,
+        spec: SourceSpec,
+        lock: PinsLock,
+        scratch: Path,
+        override: dict[Pin, dict[str, str]] | None = None,
+        peer: Path | None = None,
+    ) -> None:
+        self.repo, self.project, self.lock, self.scratch, self.peer = repo, project, lock, scratch, peer
+        # A home comes from the index even when the pin built comes from a git or local tree.
+        self.spec = spec if spec.kind is SourceKind.INDEX else SourceSpec.parse(None, None)
+        self._commits: dict[Pin, dict[str, str]] = dict(override or {})
+        self._building: set[Pin] = set()
+
+    def __call__(self, patch: Patch) -> str:
+        from .apply import commit_series_on
+        from .series import read_series
+
+        home = patch.exported_against
+        assert home is not None
+        if home not in self._commits:
+            series_file = self.project.series_dir / str(home)
+            if home in self._building or not series_file.is_file():
+                why = (
+                    "merging it there needs this very patch"
+                    if home in self._building
+                    else f"there is no series/{home} to build it from (a retired pin?)"
+                )
+                raise PatchDoesNotApply(
+                    f"patches/{patch.name} does not apply as it stands, and it cannot be merged "
+                    f"from vllm {home}, the pin it was exported against: {why}. A pin is retired "
+                    f"after the shared patches merged from it get another home: with series/{home} "
+                    f"there (restore it from git if it went), 'python build.py checkout --pin "
+                    f"<a supported pin>', then 'python build.py export --dir <tree> --rehome' "
+                    f"(docs/patch-workflow.md)."
+                )
+            self._building.add(home)
+            scratch = self.scratch / f"home-{home}"
+            scratch.mkdir(parents=True, exist_ok=True)
+            with log.phase(f"commit series/{home} on vllm {home}, to merge its shared patches from"):
+                series = read_series(series_file, self.project.patches_dir)
+                built = commit_series_on(self.repo, self.upstream(home), series, scratch, self)
+            self._building.discard(home)
+            self._commits[home] = {a.patch.name: a.commit for a in built if not a.patch.path}
+        commit = self._commits[home].get(patch.name)
+        if commit is None:
+            raise PatchDoesNotApply(
+                f"patches/{patch.name} does not apply as it stands, and series/{home} (the pin it "
+                f"was exported against) does not build the shared file, so there is nothing to "
+                f"merge it from. Export it again at a pin whose series names it "
+                f"('python build.py checkout --pin <pin>', then 'export')."
+            )
+        return commit
+
+    def upstream(self, pin: Pin) -> Upstream:
+        """``pin``'s upstream commit in ``repo``: fetched from ``peer`` if it has it, else
+        imported from the sdist (hash-checked, as a build does)."""
+        from .upstream import find
+
+        if self.peer is not None and self.peer != self.repo.git_dir:
+            tag = f"refs/tags/upstream/v{pin}"
+            fetch = ("fetch", "--quiet", "--no-tags", str(self.peer), f"+{tag}:{tag}")
+            self.repo.run(*fetch, ok_codes=(0, 1, 128))  # not there: imported below
+        locked = self.lock.get(pin)
+        known = find(self.repo, pin)
+        if known and locked and locked.sha256 in self.repo.out("log", "-1", "--format=%B", known.commit):
+            return known  # the import of the very sdist pins.lock records: no download
+        scratch = self.scratch / f"upstream-{pin}"
+        scratch.mkdir(parents=True, exist_ok=True)
+        return prepare(self.repo, pin, self.spec, self.lock, scratch).upstream
+
+
+def home_parts(project: Project, series: Series, lock: PinsLock) -> list[str]:
+    """What a build may merge from, for the wheel cache key: each other home of the
+    series' shared patches, its series (order and bytes) and its sdist's recorded hash."""
+    from .series import read_series
+
+    parts = []
+    homes = {p.exported_against for p in series.patches if not p.path} - {series.exported_against, None}
+    for home in sorted(h for h in homes if h is not None):
+        series_file = project.series_dir / str(home)
+        fingerprint = "-"
+        if series_file.is_file():
+            fingerprint = read_series(series_file, project.patches_dir).fingerprint
+        locked = lock.get(home)
+        parts.append(f"home {home} {fingerprint} {locked.sha256 if locked else '-'}")
+    return parts
+
+
 def apply_series(
     repo: Repo,
     series: Series,
@@ -190,7 +291,7 @@ def apply_series(
 
     base = base_upstream(repo, series, target, spec, lock, scratch)
     with log.phase(f"apply {len(series.patches)} patches"):
-        built = commit_series_on(repo, base, series, scratch)
+        built = commit_series_on(repo, base, series, scratch, Homes(repo, project, spec, lock, scratch))
         result = carry_series(
             repo, built, base, target.upstream, scratch, project.work_dir, project.rerere_dir
         )
@@ -217,9 +318,12 @@ def cache_key(parts: Iterable[str]) -> str:
     return digest.hexdigest()
 
 
-def key_parts(source_identity: str, series: Series, pin: Pin, base_identity: str = "") -> list[str]:
+def key_parts(
+    source_identity: str, series: Series, pin: Pin, base_identity: str = "", homes: Iterable[str] = ()
+) -> list[str]:
     """What a wheel depends on: the source, the series, the pin, the tool that builds it
-    (its code, its Python, its lock), and with --base-wheel the base's sha256 (and the policy's)."""
+    (its code, its Python, its lock), with --base-wheel the base's sha256 (and the policy's),
+    and what its shared patches may be merged from (``home_parts``)."""
     return [
         KEY_FORMAT,
         source_identity,
@@ -229,6 +333,7 @@ def key_parts(source_identity: str, series: Series, pin: Pin, base_identity: str
         platform.python_version(),
         sha256_of(BUILD_LOCK),
         base_identity,
+        *homes,
     ]
 
 
@@ -269,7 +374,8 @@ def build(
                 fetched = fetch_sdist(pin, spec, lock)
             if locked:
                 _refuse_unlocked(project, lock, pin)
-            key = cache_key(key_parts(fetched[1], series, pin, base_identity))
+            homes = home_parts(project, series, lock)
+            key = cache_key(key_parts(fetched[1], series, pin, base_identity, homes))
             if use_cache and (hit := _cached(key, project, pin)):
                 return _finish(hit, project, lock, cached=True, locked=locked)
         from .apply import checkout_into, materialize
@@ -279,7 +385,9 @@ def build(
         repo = Repo(upstream_repo_dir())
         target = prepare(repo, pin, spec, lock, scratch, fetched)
         if key is None:
-            key = cache_key(key_parts(repo.tree_of(target.upstream.commit), series, pin, base_identity))
+            homes = home_parts(project, series, lock)
+            upstream_tree = repo.tree_of(target.upstream.commit)
+            key = cache_key(key_parts(upstream_tree, series, pin, base_identity, homes))
             if use_cache and (hit := _cached(key, project, pin)):
                 return _finish(hit, project, lock, cached=True, locked=locked)
         if base is not None and policy is not None:

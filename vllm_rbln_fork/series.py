@@ -23,6 +23,7 @@ from .pins import Pin
 
 SERIES_FILE = PROJECT_ROOT / "series"
 PATCHES_DIR = PROJECT_ROOT / "patches"
+EXPORTED_AGAINST_HEADER = "Exported-Against"  # a patch's mail header: Patch.exported_against
 EXPORTED_AGAINST = re.compile(r"^#\s*Exported-Against:\s*vllm\s+(\S+)\s*$")
 TRAILER = re.compile(r"^([A-Za-z][A-Za-z0-9-]*):\s+(.*\S)\s*$")
 ORIGIN_KINDS = ("backport", "rbln")
@@ -44,10 +45,10 @@ class Patch:
         return self.path or self.name
 
     @cached_property
-    def _header(self) -> tuple[str, str, str]:
-        """(From, Date, Subject) of the mail header, decoded (RFC 2047) and unfolded. Parsed
-        on first use: a cache hit needs only the patches' bytes and trailers, and importing
-        and running the email parser was a tenth of its time."""
+    def _header(self) -> tuple[str, str, str, str]:
+        """(From, Date, Subject, Exported-Against) of the mail header, decoded (RFC 2047) and
+        unfolded. Parsed on first use: a cache hit needs only the patches' bytes and
+        trailers, and importing and running the email parser was a tenth of its time."""
         import email
         import email.policy
 
@@ -55,7 +56,8 @@ class Patch:
         msg = email.message_from_string(header_text + "\n\n", policy=email.policy.default)
         subject = " ".join(str(msg.get("Subject", "")).split())
         subject = re.sub(r"^\[PATCH[^\]]*\]\s*", "", subject)
-        return str(msg.get("From", "")), str(msg.get("Date", "")), subject
+        against = str(msg.get(EXPORTED_AGAINST_HEADER, ""))
+        return str(msg.get("From", "")), str(msg.get("Date", "")), subject, against
 
     @property
     def author(self) -> str:
@@ -68,6 +70,24 @@ class Patch:
     @property
     def subject(self) -> str:
         return self._header[2]
+
+    @property
+    def exported_against(self) -> Pin | None:
+        """The pin whose tree the patch's hunks and blob ids come from (its mail header
+        ``Exported-Against: vllm <pin>``, written by export), or None in a patch without
+        one. A shared patch that does not apply to another pin as it stands is merged
+        there from this pin's build of it (apply.commit_series_on)."""
+        value = self._header[3].strip()
+        if not value:
+            return None
+        version = value.removeprefix("vllm").strip()
+        try:
+            return Pin.parse(version)
+        except BadPin:
+            raise SeriesError(
+                f"patches/{self.entry} has '{EXPORTED_AGAINST_HEADER}: {value}' in its mail header; "
+                f"it must be 'vllm <version>', as export writes it. Fix the line or export again."
+            ) from None
 
     def trailer(self, key: str) -> str | None:
         for k, v in self.trailers:

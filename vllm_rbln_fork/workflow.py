@@ -5,20 +5,30 @@ tree with one commit per patch, edit with ordinary git, export back to patches/.
 from __future__ import annotations
 
 import re
+import shutil
 import tempfile
 import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import log, resolutions
-from .errors import ForkError, SeriesError
+from .errors import ForkError, PatchDoesNotApply, SeriesError
 from .files import write_atomic
 from .gitrepo import Repo
 from .paths import upstream_repo_dir
 from .pins import Pin, PinsLock
-from .pipeline import apply_series, build_lock, prepare, project_lock, scratch_dir
+from .pipeline import Homes, apply_series, build_lock, prepare, project_lock, scratch_dir
 from .project import Project
-from .series import Patch, lint, parse_patch, read_series, read_series_names, render_series
+from .series import (
+    EXPORTED_AGAINST_HEADER,
+    Patch,
+    Series,
+    lint,
+    parse_patch,
+    read_series,
+    read_series_names,
+    render_series,
+)
 from .source import SourceSpec
 from .supported import (
     carry_note,
@@ -62,6 +72,12 @@ FORMAT_PATCH = (
     "--indent-heuristic",
     "--encode-email-headers",
 )
+
+
+def exported_against_header(pin: Pin) -> str:
+    """format-patch's option that records, in each patch's mail header, the pin it was
+    exported against (``Patch.exported_against``): where a build merges a shared patch from."""
+    return f"--add-header={EXPORTED_AGAINST_HEADER}: vllm {pin}"
 
 
 def checkout(pin: Pin, spec: SourceSpec, project: Project, dest: Path) -> Path:
@@ -196,11 +212,15 @@ class Exported:
     own_forms_not_updated: dict[str, list[Pin]] = field(default_factory=dict)
 
 
-def export(tree: Path, project: Project, *, promote: bool = False, work_tree: bool = True) -> Exported:
+def export(
+    tree: Path, project: Project, *, promote: bool = False, rehome: bool = False, work_tree: bool = True
+) -> Exported:
     """Write one patch per commit since the upstream root, and the series.
 
     A change to a shared patch that other pins' series name is written as this pin's own
-    form unless ``promote`` is given; see ``_write_pin_series``. Everything is checked and
+    form unless ``promote`` is given; ``rehome`` also makes this pin the home of every
+    shared patch it builds (the step before a home pin is retired); see ``_write_pin_series``.
+    Everything is checked and
     rendered first, then written: a failing export writes nothing. A work tree with changes
     not committed is refused (export writes commits only); ``work_tree=False`` is for a clone
     made without a checkout (``--review --write``), which has no work tree to check.
@@ -231,7 +251,7 @@ def export(tree: Path, project: Project, *, promote: bool = False, work_tree: bo
     commit_of: dict[str, str] = {}
     known = _names_by_subject(project)
     for commit in commits:
-        text = repo.run(*FORMAT_PATCH, commit, strip=False)[1]
+        text = repo.run(*FORMAT_PATCH, exported_against_header(pin), commit, strip=False)[1]
         # The decoded subject: the header is RFC 2047 encoded when it is not ASCII (and folded
         # when long). A patch already in patches/ keeps its file name.
         subject = parse_patch("subject", text.encode()).subject
@@ -256,7 +276,9 @@ def export(tree: Path, project: Project, *, promote: bool = False, work_tree: bo
                 f'a move is marked first. Add [pin."{pin}"] with status = "moving" to '
                 f"{project.pins_file.name} (docs/patch-workflow.md), then export {tree} again."
             )
-        result = _write_pin_series(repo, roots[0], pin, rendered, commit_of, project, promote=promote)
+        result = _write_pin_series(
+            repo, roots[0], pin, rendered, commit_of, project, promote=promote, rehome=rehome
+        )
     else:
         result = Exported(_write_single_series(pin, rendered, project))
     return Exported(
@@ -309,20 +331,58 @@ def _preimages(text: str) -> dict[str, str]:
     return dict(PREIMAGE.findall(text))
 
 
-def _shared_gives_same(repo: Repo, commit: str, name: str, shared: str, text: str) -> bool:
-    """The shared patch text ``shared``, applied where the build applies it (on ``commit``'s
-    parent, ``git apply --recount``, offsets allowed), gives ``commit`` itself: the same
-    message, author, date and tree. Then a pin's own form (``text``) differs from it only in
-    hunk line numbers and blob ids, and is redundant."""
-    mine, theirs = parse_patch(name, text.encode()), parse_patch(name, shared.encode())
-    if (mine.message, mine.author, mine.date) != (theirs.message, theirs.author, theirs.date):
+def _shared_gives_same(repo: Repo, commit: str, pin: Pin, shared: Patch, text: str, homes: Homes) -> bool:
+    """The shared patch ``shared``, applied where the build applies it (on ``commit``'s
+    parent: as it stands, offsets allowed, else merged from its home), gives ``commit``
+    itself: the same message, author, date and tree. Then a pin's own form (``text``)
+    differs from it only in context, hunk line numbers and blob ids, and is redundant."""
+    mine = parse_patch(shared.name, text.encode())
+    if (mine.message, mine.author, mine.date) != (shared.message, shared.author, shared.date):
         return False
+    from .apply import apply_as_built
+
     with tempfile.TemporaryDirectory(prefix="export-") as tmp:
-        patch_file, env = Path(tmp) / name, {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
-        patch_file.write_text(shared)
-        repo.run("read-tree", f"{commit}^", env=env)
-        status, _ = repo.run("apply", "--cached", "--recount", str(patch_file), env=env, ok_codes=(0, 1))
-        return status == 0 and repo.out("write-tree", env=env).strip() == repo.tree_of(commit)
+        try:
+            tree = apply_as_built(repo, f"{commit}^", shared, pin, Path(tmp), homes)
+        except PatchDoesNotApply:
+            return False
+        return tree == repo.tree_of(commit)
+
+
+def _merge_failure(repo: Repo, name: str, text: str, pins: list[Pin], project: Project, homes: Homes) -> str:
+    """Why the shared ``patches/<name>`` rewritten as ``text`` (this pin's form) would not
+    build at one of ``pins``, whose series name it (its series built with it, merges and all,
+    as their builds will), or "" if it builds at every one."""
+    from .apply import commit_series_on
+
+    candidate = parse_patch(name, text.encode())
+    for other in pins:
+        series = read_series(project.series_dir / str(other), project.patches_dir)
+        patches = tuple(candidate if p.name == name and not p.path else p for p in series.patches)
+        with tempfile.TemporaryDirectory(prefix="promote-") as tmp:
+            try:
+                commit_series_on(repo, homes.upstream(other), Series(other, patches, ()), Path(tmp), homes)
+            except PatchDoesNotApply as exc:
+                return f"it would not build at vllm {other}: {str(exc).splitlines()[0]}"
+    return ""
+
+
+def _why_not_promotable(
+    repo: Repo, root: str, old: Patch, text: str, pins: list[Pin], project: Project, homes: Homes
+) -> str:
+    """Why ``text`` may not replace the shared ``old`` for every pin that names it ("" if it
+    may). A patch of the fork's own files must start from the shared one's file contents; a
+    patch on upstream files must build at every one of ``pins`` (merged in where it does not
+    apply as it stands)."""
+    paths = sorted({p for m in TOUCHED.findall(text) for p in m})
+    upstream_files = [
+        p for p in paths if repo.run("cat-file", "-e", f"{root}:{p}", ok_codes=(0, 1, 128))[0] == 0
+    ]
+    if not upstream_files:
+        if _preimages(old.text) != _preimages(text):
+            return f"it starts from other file contents than the shared patches/{old.name}"
+        return ""
+    return _merge_failure(repo, old.name, text, pins, project, homes)
 
 
 def _write_pin_series(
@@ -334,27 +394,34 @@ def _write_pin_series(
     project: Project,
     *,
     promote: bool,
+    rehome: bool = False,
 ) -> Exported:
     """``series/<pin>`` and the patches it names.
 
     * A patch whose text the shared file ``patches/<name>`` already has stays shared.
     * A new patch, or one no other pin's series names plainly, is the shared file.
-    * A patch the shared file gives exactly (applied at this pin, it makes the same commit:
-      only line numbers differ) stays shared; an own form of it is redundant and goes.
+    * A patch the shared file gives exactly (applied at this pin as the build applies it,
+      merged from its home where it does not apply as it stands, it makes the same commit:
+      only context and line numbers differ) stays shared; an own form of it is redundant
+      and goes.
     * A patch other pins name plainly is written as this pin's own form,
       ``patches/<pin>/<name>``: a change made and tested at one pin never reaches
       another pin's build unasked.
-    * Except with ``promote``, for a patch that touches only files upstream does not have
-      (the RBLN scheduler's own files) and starts from the same file contents as the shared
-      one: the shared file is rewritten, so a fix is made once for every pin, and the pins
-      that name it are returned to be tested again. Only from a supported pin (pins.toml).
+    * Except with ``promote``, for a patch of the fork's own files that starts from the same
+      file contents as the shared one, or a patch on upstream files that builds at every
+      pin naming it (``_why_not_promotable``): the shared file is rewritten, so a fix is
+      made once for every pin, and the pins that name it are returned to be tested again.
+      Only from a supported pin (pins.toml). ``rehome`` does the same for every shared
+      patch this pin builds whose home (``Patch.exported_against``) is another pin, changed
+      or not, so that pin's series can be retired.
       A patch that cannot be promoted stays this pin's own form and is returned with the
       reason (``cannot_promote``): nothing is lost, and nothing is silent.
     """
     supported = [s.pin for s in supported_pins(project)]
-    if promote and pin not in supported:
+    if (promote or rehome) and pin not in supported:
         raise ForkError(
-            f"--promote writes a shared patch that the supported pins build from, but {pin} is not "
+            f"--{'promote' if promote else 'rehome'} writes a shared patch that the supported pins "
+            f"build from, but {pin} is not "
             f"supported in {project.pins_file.name} (a move under way: its series is not tested). "
             f"Export without --promote "
             f"(the change stays {pin}'s own form), or make the change at a supported pin "
@@ -377,37 +444,48 @@ def _write_pin_series(
     promoted: dict[str, list[Pin]] = {}
     not_promotable: dict[str, str] = {}
     redundant: dict[str, str] = {}
-    for name, text in rendered.items():
-        shared = project.patches_dir / name
-        old = shared.read_text() if shared.is_file() else None
-        paths = sorted({p for m in TOUCHED.findall(text) for p in m})
-        upstream_files = [
-            p for p in paths if repo.run("cat-file", "-e", f"{root}:{p}", ok_codes=(0, 1, 128))[0] == 0
-        ]
-        promotable = old is not None and not upstream_files and _preimages(old) == _preimages(text)
-        if old == text:
-            entries.append(name)
-        elif old is None or name not in naming:
-            entries.append(name)
-            writes[shared] = text
-        elif _shared_gives_same(repo, commit_of[name], name, old, text):
-            entries.append(name)
-            if (own := project.patches_dir / str(pin) / name).is_file():
-                redundant[name] = str(own.relative_to(project.root))
-        elif promote and promotable:
-            entries.append(name)
-            writes[shared] = text
-            promoted[name] = naming[name]
-        else:
-            entries.append(f"{pin}/{name}")
-            writes[project.patches_dir / str(pin) / name] = text
-            kept_own[name] = naming[name]
-            if not promotable:
-                not_promotable[name] = (
-                    f"it changes files upstream has ({', '.join(upstream_files)}): its form differs per pin"
-                    if upstream_files
-                    else f"it starts from other file contents than the shared patches/{name}"
-                )
+    # A shared patch's home (the pin it was exported against) is committed in this clone on
+    # first need; this pin's commits stand for its own series, which is being written.
+    # Not under the cache's tmp/: a build taking the lock sweeps it, and export runs without it.
+    scratch = Path(tempfile.mkdtemp(prefix="vllm-rbln-export-"))
+    homes = Homes(
+        repo,
+        project,
+        SourceSpec.parse(None, None),
+        PinsLock(project.pins_lock),
+        scratch,
+        override={pin: commit_of},
+        peer=upstream_repo_dir(),
+    )
+    try:
+        for name, text in rendered.items():
+            shared = project.patches_dir / name
+            old = parse_patch(name, shared.read_bytes()) if shared.is_file() else None
+            if old is not None and old.text == text:
+                entries.append(name)
+            elif old is None or name not in naming:
+                entries.append(name)
+                writes[shared] = text
+            elif not (rehome and old.exported_against != pin) and _shared_gives_same(
+                repo, commit_of[name], pin, old, text, homes
+            ):
+                entries.append(name)
+                if (own := project.patches_dir / str(pin) / name).is_file():
+                    redundant[name] = str(own.relative_to(project.root))
+            elif (promote or rehome) and not (
+                why := _why_not_promotable(repo, root, old, text, naming[name], project, homes)
+            ):
+                entries.append(name)
+                writes[shared] = text
+                promoted[name] = naming[name]
+            else:
+                entries.append(f"{pin}/{name}")
+                writes[project.patches_dir / str(pin) / name] = text
+                kept_own[name] = naming[name]
+                if promote or rehome:
+                    not_promotable[name] = why
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     changed = []
     for path, text in writes.items():
         if not path.is_file() or path.read_text() != text:

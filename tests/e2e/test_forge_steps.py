@@ -184,14 +184,17 @@ def _plant_a_wheel_in_the_runners_cache(cache: Path, pin: str, kit: ModuleType) 
     from vllm_rbln_fork.files import sha256_of
     from vllm_rbln_fork.manifest import BuildManifest
     from vllm_rbln_fork.pins import Pin, PinsLock
-    from vllm_rbln_fork.pipeline import cache_key, key_parts
+    from vllm_rbln_fork.pipeline import cache_key, home_parts, key_parts
     from vllm_rbln_fork.releases import read_releases
     from vllm_rbln_fork.supported import read_series_for
 
     project = Project.default()
-    locked = PinsLock(project.pins_lock).get(Pin.parse(pin))
+    lock = PinsLock(project.pins_lock)
+    locked = lock.get(Pin.parse(pin))
     assert locked is not None
-    key = cache_key(key_parts(locked.sha256, read_series_for(project, Pin.parse(pin)), Pin.parse(pin)))
+    series = read_series_for(project, Pin.parse(pin))
+    homes = home_parts(project, series, lock)
+    key = cache_key(key_parts(locked.sha256, series, Pin.parse(pin), homes=homes))
     last = [r for r in read_releases(project.releases_file) if r["pin"] == pin][-1]
     entry = cache / "wheels" / key
     wheel = kit.make_wheel(entry, f"{pin}+rbln.{last['n']}", body="PLANTED = 'by a pull request'")

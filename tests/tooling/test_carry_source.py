@@ -60,6 +60,11 @@ def test_a_pin_older_than_every_supported_one_says_it_is_carried_backwards(
     carries the nearest, 1.1's, and says it goes backwards; the review chooses the same."""
     lab(fork, tmp_path, "1.1")
     root = fork.project.root
+    # 1.0 retired as docs/patch-workflow.md says: 1.1 made the home of the shared patches
+    # merged from 1.0, then 1.0's series goes.
+    export(
+        checkout(Pin.parse("1.1"), fork.spec(), fork.project, tmp_path / "rehome"), fork.project, rehome=True
+    )
     (root / "pins.toml").write_text('[pin."1.1"]\ntest-lock = "test.lock"\n')
     (root / "series" / "1.0").unlink()
     result = build(Pin.parse("1.0"), fork.spec(), fork.project)
@@ -130,15 +135,23 @@ def test_review_write_of_a_pin_pins_toml_does_not_list_is_refused_before_the_car
 def test_a_fix_to_a_shared_patch_names_the_pins_whose_own_form_it_missed(
     fork: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
 ) -> None:
-    """Risk 13: lab2; the backport is shared at 1.0 and has its own form at 1.1. Amending it at
-    1.0 changed the shared file only, and export said nothing and exited 0. It now names 1.1's
-    form and prints the command that redoes the move, which then carries the fix there."""
+    """Risk 13: lab2; the backport is shared at 1.0 and has its own form at 1.1 (an older
+    export's, written as it was before the build merged shared patches in). Amending it at 1.0
+    changed the shared file only, and export said nothing and exited 0. It now names 1.1's
+    form and prints the command that redoes the move, which then carries the fix there: 1.1
+    builds the shared file again (it merges there), and the own form goes."""
     from vllm_rbln_fork import cli
     from vllm_rbln_fork.project import Project
+    from vllm_rbln_fork.workflow import FORMAT_PATCH
 
     lab(fork, tmp_path, "1.1")
-    own = fork.project.patches_dir / "1.1" / "count-one-more-slot-at-admission.patch"
-    assert own.is_file()
+    backport = "count-one-more-slot-at-admission.patch"
+    moved = checkout(Pin.parse("1.1"), fork.spec(), fork.project, tmp_path / "moved")
+    own = fork.project.patches_dir / "1.1" / backport
+    own.parent.mkdir()
+    own.write_text(Repo(moved, bare=False).run(*FORMAT_PATCH, "HEAD~1", strip=False)[1])
+    series = fork.project.root / "series" / "1.1"
+    series.write_text(series.read_text().replace(f"\n{backport}", f"\n1.1/{backport}"))
     tree = checkout(Pin.parse("1.0"), fork.spec(), fork.project, tmp_path / "fix")
     repo = Repo(tree, bare=False)
     gate = tree / "vllm/core/gate.py"
@@ -158,7 +171,8 @@ def test_a_fix_to_a_shared_patch_names_the_pins_whose_own_form_it_missed(
     assert "counts the decode step" not in own.read_text()
 
     result = review(Pin.parse("1.1"), fork.spec(), fork.project, write=True, source=Pin.parse("1.0"))
-    assert result.wrote and "counts the decode step" in own.read_text()
+    assert result.wrote and not own.exists() and f"\n{backport}\n" in series.read_text()
+    assert "counts the decode step" in (fork.project.patches_dir / backport).read_text()
 
 
 def test_review_write_leaves_its_reports_when_the_write_fails(fork: Any, tmp_path: Path) -> None:

@@ -266,27 +266,49 @@ def _fix_padding_at_1_0(fork: Any, dest: Path) -> Path:
     return fix
 
 
-def test_promote_of_a_patch_on_upstream_files_is_not_silent_and_loses_nothing(
+def test_promote_of_a_patch_on_upstream_files_writes_the_shared_file_where_every_pin_builds_it(
     fork: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """--promote cannot promote a patch on a file upstream has (its form differs per pin):
-    the change is kept as this pin's own form, and export says so, why, and what to do."""
-    from vllm_rbln_fork import cli
-    from vllm_rbln_fork.project import Project
+    """--promote of a fix to the padding patch (on upstream's gate.py) at 1.0: 1.1, whose series
+    names the shared file, builds it (merged from 1.0, its home, where it does not apply as it
+    stands), so the shared file is rewritten, export names 1.1 to be tested, and 1.1 has it."""
+    from vllm_rbln_fork.workflow import checkout
 
     fix = _fix_padding_at_1_0(fork, tmp_path / "fix")
+    build(Pin.parse("1.1"), fork.spec(), fork.project)  # the maintainer's cache has 1.1
+    rc, out = _export_cli(fork, fix, monkeypatch, capsys, "--promote")
+    assert rc == 0 and "not promoted" not in out, out
+    assert f"promoted patches/{PADDING_PATCH}: also in the series of 1.1" in out, out
+    shared = (fork.project.patches_dir / PADDING_PATCH).read_text()
+    assert "# padded" in shared and "\nExported-Against: vllm 1.0\n" in shared
+    assert not (fork.project.patches_dir / "1.0").exists()
+    at_1_1 = checkout(Pin.parse("1.1"), fork.spec(), fork.project, tmp_path / "at-1.1")
+    assert (at_1_1 / "vllm/core/gate.py").read_text().endswith("\n# padded\n")
+
+
+def test_promote_of_a_patch_on_upstream_files_that_would_not_build_at_another_pin_loses_nothing(
+    fork: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A fix at 1.0 to the line of gate.py that upstream rewrote at 1.1 (its docstring) would not
+    merge there: --promote keeps it as 1.0's own form, says why and what to do, and 1.1 keeps
+    building the shared file."""
+    fix = _fix_padding_at_1_0(fork, tmp_path / "fix")
+    gate = fix / "vllm/core/gate.py"
+    gate.write_text(gate.read_text().replace("if its prompt fits", "if its prompt fits, padded"))
+    Repo(fix, bare=False).run(
+        "commit", "-q", "-a", "--amend", "--no-edit", env=DEV, cwd=fix, in_work_tree=True
+    )
+    build(Pin.parse("1.1"), fork.spec(), fork.project)
     shared = fork.project.patches_dir / PADDING_PATCH
     before = shared.read_text()
-    monkeypatch.setattr(Project, "default", classmethod(lambda cls: fork.project))
-    assert cli.main(["export", "--dir", str(fix), "--promote"]) == 1
-    captured = capsys.readouterr()
-    out = " ".join((captured.out + captured.err).split())
-    assert f"not promoted {PADDING_PATCH}" in out and "vllm/core/gate.py" in out
-    assert "python build.py checkout --pin 1.1" in out
+    rc, out = _export_cli(fork, fix, monkeypatch, capsys, "--promote")
+    assert rc == 1, out
+    assert f"not promoted {PADDING_PATCH}: it would not build at vllm 1.1" in out, out
+    assert "conflicts in vllm/core/gate.py" in out and "python build.py checkout --pin 1.1" in out
     assert f"own form (patches/1.0/{PADDING_PATCH}); 1.1 still builds the shared" in out
     assert shared.read_text() == before  # 1.1 still builds the shared file
     own = fork.project.patches_dir / "1.0" / PADDING_PATCH
-    assert "# padded" in own.read_text()  # the change is kept, as 1.0's own form
+    assert "padded" in own.read_text()  # the change is kept, as 1.0's own form
     assert f"1.0/{PADDING_PATCH}" in (fork.project.root / "series" / "1.0").read_text()
 
     # Asked again (the own form already written, unchanged): nothing changed at this pin, so
@@ -341,10 +363,8 @@ def test_a_change_at_one_pin_to_a_patch_other_pins_share_is_said_without_promote
     rc, out = _export_cli(fork, fix, monkeypatch, capsys)
     assert rc == 0, out
     assert f"wrote patches/1.0/{PADDING_PATCH}" in out
-    assert f"note {PADDING_PATCH} changed at this pin only (it cannot be promoted" in out, out
-    assert f"own form (patches/1.0/{PADDING_PATCH}); 1.1 still builds the shared" in out
-    assert "python build.py checkout --pin 1.1" in out and "vllm/core/gate.py" in out
-    assert "export again with --promote" not in out  # it cannot be promoted: not offered
+    assert f"note {PADDING_PATCH} changed at this pin only: 1.1 still builds the shared" in out, out
+    assert "export again with --promote" in out and "python build.py checkout --pin 1.1" in out
     # Exported again, unchanged: nothing new to say.
     rc, out = _export_cli(fork, fix, monkeypatch, capsys)
     assert rc == 0 and "note" not in out and "patches/ and series are unchanged" in out, out
@@ -367,23 +387,43 @@ def _entries(fork: Any, pin: str) -> list[str]:
     return [line for line in text.splitlines() if line[:1] != "#"]
 
 
-def test_a_move_keeps_a_pin_s_own_form_only_where_the_shared_patch_does_not_apply(
-    fork: Any, tmp_path: Path
-) -> None:
-    """The padding patch applies at 1.1 as it is (only its line numbers differ): 1.1 builds
-    the shared file, with no copy of it. The backport's context changed: 1.1 has its own form."""
-    result = export(_moved_to_1_1(fork, tmp_path), fork.project)
-    assert _entries(fork, "1.1") == ["1.1/count-one-more-slot-at-admission.patch", PADDING_PATCH]
-    assert sorted(p.name for p in (fork.project.patches_dir / "1.1").iterdir()) == [
-        "count-one-more-slot-at-admission.patch"
-    ]
-    assert result.kept_own == {"count-one-more-slot-at-admission.patch": [Pin.parse("1.0")]}
-    assert result.redundant == {}
+def test_a_move_writes_no_own_form_where_only_the_context_changed(fork: Any, tmp_path: Path) -> None:
+    """lab2's move to 1.1: the padding patch only moved, the backport's context changed (its
+    changed lines did not). 1.1 builds both shared files, no copy of either: the backport does
+    not apply there as it stands and is merged from 1.0, its home, into the very tree the
+    carry made."""
+    move = _moved_to_1_1(fork, tmp_path)
+    carried = Repo(move, bare=False).tree_of("HEAD")
+    result = export(move, fork.project)
+    assert _entries(fork, "1.1") == ["count-one-more-slot-at-admission.patch", PADDING_PATCH]
+    assert not (fork.project.patches_dir / "1.1").exists()
+    assert result.kept_own == {} and result.redundant == {}
     built = build(Pin.parse("1.1"), fork.spec(), fork.project)
+    assert built.manifest.patched_tree == carried
     assert [p.name for p in built.manifest.applied] == [
         "count-one-more-slot-at-admission.patch",
         PADDING_PATCH,
     ]
+
+
+def test_a_pin_retired_before_its_shared_patches_are_rehomed_is_a_clear_error(
+    fork: Any, tmp_path: Path
+) -> None:
+    """1.1 merges the backport from 1.0; 1.0's series deleted without --rehome leaves nothing to
+    merge from. The build says which patch, why, and the way out, and writes no dist/."""
+    from vllm_rbln_fork.errors import PatchDoesNotApply
+
+    export(_moved_to_1_1(fork, tmp_path), fork.project)
+    (fork.project.root / "pins.toml").write_text('[pin."1.1"]\ntest-lock = "test.lock"\n')
+    (fork.project.root / "series" / "1.0").unlink()
+    dist = fork.project.root / "dist"
+    before = sorted(dist.rglob("*")) if dist.exists() else []
+    with pytest.raises(PatchDoesNotApply) as raised:
+        build(Pin.parse("1.1"), fork.spec(), fork.project)
+    message = " ".join(str(raised.value).split())
+    assert "patches/count-one-more-slot-at-admission.patch does not apply as it stands" in message
+    assert "there is no series/1.0 to build it from" in message and "--rehome" in message
+    assert (sorted(dist.rglob("*")) if dist.exists() else []) == before
 
 
 def test_export_removes_a_pin_s_own_form_that_the_shared_patch_makes_redundant_and_says_so(
@@ -397,6 +437,7 @@ def test_export_removes_a_pin_s_own_form_that_the_shared_patch_makes_redundant_a
     export(move, fork.project)
     repo = Repo(move, bare=False)
     own = fork.project.patches_dir / "1.1" / PADDING_PATCH
+    own.parent.mkdir()
     own.write_text(repo.run(*FORMAT_PATCH, "HEAD", strip=False)[1])  # 1.1's rendering of it
     assert own.read_text() != (fork.project.patches_dir / PADDING_PATCH).read_text()
     series = fork.project.root / "series" / "1.1"

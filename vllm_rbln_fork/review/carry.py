@@ -24,7 +24,7 @@ from ..errors import ForkError, SeriesError
 from ..gitrepo import Repo
 from ..paths import upstream_repo_dir
 from ..pins import Pin, PinsLock
-from ..pipeline import base_upstream, build_lock, prepare, project_lock, scratch_dir
+from ..pipeline import Homes, base_upstream, build_lock, prepare, project_lock, scratch_dir
 from ..project import Project
 from ..series import Series
 from ..source import SourceSpec
@@ -58,7 +58,8 @@ def carried_series(
         with project_lock(project):
             lock.commit()  # both sdists are in git: their hashes may be recorded
         with log.phase(f"carry {len(series.patches)} patches from vllm {base.pin} onto {pin}"):
-            built = commit_series_on(repo, base, series, scratch)
+            homes = Homes(repo, project, spec, lock, scratch)
+            built = commit_series_on(repo, base, series, scratch, homes)
             result = carry(repo, built, target.upstream, scratch, at_conflict=AtConflict.GO_ON)
         yield CarryRun(repo, scratch, base, target.upstream, built, result.carried, result.head)
 
