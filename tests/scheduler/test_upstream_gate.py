@@ -119,10 +119,15 @@ def test_async_loads_keep_the_separate_reservation() -> None:
     request.num_computed_tokens = 16
     assert scheduler._admission_decode_step_tokens(request, load_kv_async=False) == 0
     own_step = cdiv(1 + 3 + 0, BLOCK) if async_load_reserves_spec_decode_step() else 0
-    assert scheduler._async_load_reserved_blocks() == own_step
+    # The hook is given upstream's reservation and, by default, keeps it (the
+    # instance's hook wrapped to see what it is given).
+    given: list[int] = []
+    hook = scheduler._async_load_reserved_blocks
+    scheduler._async_load_reserved_blocks = lambda figure: given.append(figure) or hook(figure)
     # A 32-token prompt (16 loaded) is admitted on 2 usable blocks: the gate
     # counts the prompt (2 blocks); the load's own allocation (1 block) fits
     # in free - reserved = 1.
     assert admitted(scheduler, 32) is False  # an async load schedules no tokens
+    assert given == [own_step]
     req = scheduler.requests["r"]
     assert req.status.name == "WAITING_FOR_REMOTE_KVS"
