@@ -156,10 +156,17 @@ def _release_inputs(root: Path, pin: str) -> tuple[Path, list[dict[str, str]]]:
     from vllm_rbln_fork.index_client import configured_index_url
     from vllm_rbln_fork.pins import Pin, PinsLock
     from vllm_rbln_fork.source import SourceSpec, fetch_sdist
+    from vllm_rbln_fork.supported import read_series_for
 
     cells = [c for c in matrix(Project.default(), "release")["include"] if c["pin"] == pin]  # type: ignore[index]
     lock = PinsLock(Project.default().pins_lock)  # read only: nothing is committed here
-    files = {"vllm": [fetch_sdist(Pin.parse(pin), SourceSpec.parse(None, None), lock)]}
+    # The pin's sdist, and those of the pins its shared patches are merged from (their homes:
+    # a release fetches them too, docs/patch-workflow.md).
+    series = read_series_for(Project.default(), Pin.parse(pin))
+    homes = {p.exported_against for p in series.patches if not p.path} - {None, Pin.parse(pin)}
+    files = {
+        "vllm": [fetch_sdist(p, SourceSpec.parse(None, None), lock) for p in [Pin.parse(pin), *sorted(homes)]]
+    }
     for cell in cells:
         if cell["base"]:
             spec = BaseWheelSpec.parse(cell["base"])
