@@ -452,3 +452,36 @@ def test_new_project_goes_with_an_upload_url(tmp_path: Path) -> None:
 
     with pytest.raises(SystemExit):
         cli.main(["--pin", "1.0", "--publish", str(tmp_path), "--new-project"])
+
+
+@pytest.mark.parametrize(
+    "dest", ["htps://wheels.internal.example/", "ftp://wheels.example/", "file:///srv/wheels"]
+)
+def test_a_dest_of_another_scheme_is_refused_not_made_a_folder(
+    dest: str,
+    wheel: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """C1: a mistyped upload URL (``htps://``) or another scheme was a folder under the current
+    directory, and the build said "published" with nothing uploaded."""
+    from vllm_rbln_fork import cli
+
+    monkeypatch.chdir(tmp_path)
+    before = sorted(tmp_path.rglob("*"))
+    for call in (lambda: publish(wheel, dest), lambda: yank(dest, wheel.name, "why")):
+        with pytest.raises(ForkError, match=r"neither a folder nor an http\(s\) upload URL"):
+            call()
+    assert cli.main(["--pin", "1.0", "--publish", dest]) == 2  # refused before any build
+    err = " ".join(capsys.readouterr().err.split())
+    assert "nothing was built or published" in err and "http(s) URL" in err
+    assert sorted(tmp_path.rglob("*")) == before  # no stray folder index
+
+
+def test_a_folder_whose_name_has_a_colon_is_reached_with_dot_slash(
+    wheel: Path, tmp_path: Path, monkeypatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    publish(wheel, "./ftp:wheels")
+    assert (tmp_path / "ftp:wheels" / "files" / wheel.name).is_file()
