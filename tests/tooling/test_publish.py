@@ -216,7 +216,7 @@ def test_yank_without_reason_and_errors(wheel: Path, index: Path) -> None:
     assert 'data-yanked=""' in (index / "simple" / "vllm" / "index.html").read_text()
     assert json.loads((index / "simple" / "vllm" / "index.json").read_text())["files"][0]["yanked"] is True
 
-    with pytest.raises(ForkError, match="no published file"):
+    with pytest.raises(ForkError, match="no published wheel"):
         yank(str(index), "vllm-0.31.0+rbln.9-py3-none-any.whl", "x")
     with pytest.raises(ForkError, match="not a published index"):
         yank(str(index.parent / "elsewhere"), WHEEL, "x")
@@ -225,6 +225,18 @@ def test_yank_without_reason_and_errors(wheel: Path, index: Path) -> None:
         yank(str(index), f"../files/{WHEEL}", "x")
     with pytest.raises(ForkError, match="server's own tools"):
         yank("http://127.0.0.1:9/", WHEEL, "x")
+
+
+def test_yanking_a_wheel_s_metadata_is_refused_and_names_the_wheel(wheel: Path, index: Path) -> None:
+    """C3: ``yank <wheel>.metadata`` said "yanked" and the wheel stayed installable."""
+    publish(wheel, str(index))
+    pages = {p: p.read_bytes() for p in (index / "simple").rglob("*") if p.is_file()}
+    with pytest.raises(ForkError) as err:
+        yank(str(index), WHEEL + ".metadata", "bad build")
+    assert f"the metadata of {WHEEL}, not a wheel; nothing was yanked" in str(err.value)
+    assert f"build.py yank {WHEEL} --from {index}" in str(err.value)
+    assert {p: p.read_bytes() for p in (index / "simple").rglob("*") if p.is_file()} == pages
+    assert not list((index / ".index-state").glob("*.metadata.json"))
 
 
 def test_upload_time_survives_regeneration(wheel: Path, index: Path, tmp_path: Path) -> None:
