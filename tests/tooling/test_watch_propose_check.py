@@ -85,6 +85,7 @@ def _the_watchers_move(root: Path) -> None:
         f"patches/{NEW}/own.patch": "2.0's own patch\n",
         "rerere/def/preimage": "a new recorded conflict\n",
         f"docs/rebases/v{NEW}.md": "the draft record\n",
+        f"docs/rebases/v{NEW}.draft.md": "a draft beside an earlier move's record\n",
         f"tests/upstream/{NEW}/expected.toml": "# copied from 1.5\n",
     }.items():
         (root / name).parent.mkdir(parents=True, exist_ok=True)
