@@ -61,10 +61,21 @@ def _load(path: Path) -> dict[str, Any]:
     return data
 
 
+# Each workflow's runner label is a variable of its own (issue 52, R1): the watcher runs an
+# unreviewed vLLM release's code and the release job holds the upload secrets, so on self-hosted
+# runners the two (and CI, which runs pull requests) must be told apart.
+RUNNER_VARIABLE = {"ci.yml": "CI_RUNNER", "release.yml": "RELEASE_RUNNER", "watch.yml": "WATCH_RUNNER"}
+
+
 @pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.name)
 def test_runners_and_indexes_are_variables_and_scripts_take_values_through_env(path: Path) -> None:
     for name, job in _load(path)["jobs"].items():
-        assert "vars.CI_RUNNER" in str(job["runs-on"]), f"{path.name}: job {name}'s runs-on is a literal"
+        runs_on = str(job["runs-on"])
+        assert f"vars.{RUNNER_VARIABLE[path.name]}" in runs_on, (
+            f"{path.name}: job {name}'s runs-on: {runs_on}"
+        )
+        others = [v for f, v in RUNNER_VARIABLE.items() if f != path.name and v in runs_on]
+        assert not others, f"{path.name}: job {name} runs on another workflow's runner {others}"
         for step in job["steps"]:
             script = step.get("run", "")
             assert "${{" not in script, f"{path.name}: {step.get('name')}: an expression in a script"
