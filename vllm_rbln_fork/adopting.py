@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
@@ -55,6 +55,13 @@ def adoption_patches(
     if not series.is_file():
         raise SeriesError(f"{folder} has no series file: list its patches there, one name a line.")
     entries = [_series_entry(series, line) for line in _lines(series)]
+    outside = [name for name, _ in entries if PurePosixPath(name).name != name or name in (".", "..")]
+    if outside:
+        raise SeriesError(
+            f"{series} names {', '.join(repr(n) for n in outside)}, which is not a file in {folder}: "
+            f"a series line names a patch of its own folder by its file name alone (no / or ..); "
+            f"move the patch into {folder} and name it so."
+        )
     missing = [name for name, _ in entries if not (folder / name).is_file()]
     if missing:
         raise SeriesError(
@@ -70,8 +77,28 @@ def adoption_patches(
         else:
             gated_off.append((name, f"vllm{gate}"))
     deletes = folder / "deletes"
-    deletions = tuple(_lines(deletes)) if deletes.is_file() else ()
+    deletions = _deletions(deletes) if deletes.is_file() else ()
     return AdoptionPatches(release, tuple(applied), deletions, tuple(gated_off))
+
+
+def _deletions(deletes: Path) -> tuple[str, ...]:
+    """The ``deletes`` list: paths relative to the release's top, each inside it and listed once."""
+    seen: dict[str, str] = {}
+    for line in _lines(deletes):
+        path = PurePosixPath(line)
+        if path.is_absolute() or ".." in path.parts or "\\" in line or not path.parts:
+            raise SeriesError(
+                f"{deletes}: {line!r} is not a path inside the release: a deletes line is a file's "
+                f"path relative to the unpacked wheel's top (vllm_rbln/...), with no leading / and "
+                f"no ..; correct or drop the line."
+            )
+        if str(path) in seen:
+            raise SeriesError(
+                f"{deletes} lists {str(path)!r} twice ({seen[str(path)]!r} and {line!r}): "
+                f"drop one of the lines."
+            )
+        seen[str(path)] = line
+    return tuple(seen)
 
 
 def _series_entry(series: Path, line: str) -> tuple[str, SpecifierSet | None]:
@@ -110,6 +137,19 @@ def apply_adoption_patches(tree: Path, patches: AdoptionPatches, *, exclude: tup
     before it are reversed. git looks for no repository above ``tree`` (a site-packages
     folder inside a checkout would make it apply the paths to that checkout instead)."""
     env = {**os.environ, "GIT_CEILING_DIRECTORIES": str(tree.resolve().parent)}
+    top = tree.resolve()
+    # Checked before anything changes: a deletion resolves inside the tree (no .., no link out
+    # of it) and is named once, however the list was made.
+    outside = [path for path in patches.deletions if not (tree / path).resolve().is_relative_to(top)]
+    repeated = sorted({path for path in patches.deletions if patches.deletions.count(path) > 1})
+    if outside or repeated:
+        raise PatchDoesNotApply(
+            f"{patches.release}'s deletes list "
+            + (f"names {', '.join(outside)}, outside {tree}" if outside else "")
+            + ("; it " if outside and repeated else "")
+            + (f"names {', '.join(repeated)} more than once" if repeated else "")
+            + ": nothing was applied or deleted. Each line is a file inside the release, listed once."
+        )
     applied: list[Path] = []
     for patch in patches.patches:
         if patch.name in exclude:

@@ -7,6 +7,7 @@ same tree always gets its number back; a new tree gets the next one.
 from __future__ import annotations
 
 import re
+import tomllib
 from pathlib import Path
 from typing import NoReturn
 
@@ -132,3 +133,83 @@ def record_release(path: Path, pin: Pin, n: int, tree: str) -> None:
     import tomli_w  # here: most runs only read the ledger
 
     write_atomic(path, HEADER + tomli_w.dumps({"release": releases}))
+
+
+# Where main's ledger is read from: the local branch and the remote's (a CI clone may have only
+# the second).
+MAIN_REFS = ("refs/heads/main", "refs/remotes/origin/main")
+
+
+def _main_ledgers(root: Path) -> list[tuple[str, str]]:
+    """The commits whose ledger the work tree's must keep, as (commit, how it is named), most
+    authoritative first: main's tip being merged in (a branch merging main); main before the
+    merge, when main's tip is a merge commit checked out (CI linting it); where the branch left
+    main (its lines are main's, whatever the branch did since); the commit a merge under way
+    goes onto (its own lines, but for a label main gave another tree). Main's lines added after
+    the branch left it are not asked of the branch until it merges main."""
+    head = _git_out(root, "rev-parse", "--verify", "-q", "HEAD")
+    if head is None:
+        return []
+    head = head.strip()
+    merging = _git_out(root, "rev-parse", "--verify", "-q", "MERGE_HEAD")
+    found: list[tuple[str, str]] = []
+    for ref in MAIN_REFS:
+        tip = _git_out(root, "rev-parse", "--verify", "-q", f"{ref}^{{commit}}")
+        if tip is None:
+            continue
+        tip, name = tip.strip(), ref.removeprefix("refs/heads/").removeprefix("refs/remotes/")
+        if merging is not None and merging.strip() == tip:
+            found.append((tip, f"{name}, being merged"))
+        parents = (_git_out(root, "rev-parse", f"{head}^@") or "").split()
+        if tip == head and len(parents) > 1:
+            found.append((parents[0], f"{name} before the merge {head[:12]}"))
+        base = _git_out(root, "merge-base", head, tip)
+        if base is not None:
+            found.append((base.strip(), name if base.strip() == tip else f"where this branch left {name}"))
+    if merging is not None and found:
+        found.append((head, "HEAD, which the merge goes onto"))
+    return found
+
+
+def dropped_from_main(path: Path) -> list[str]:
+    """Each label main gave that ``path`` (the work tree's ledger) no longer gives to the same
+    tree (see :func:`_main_ledgers` for which of main's commits are read). A merge resolved with
+    one side's file (``git checkout --theirs``) reads well and gives one label one tree, yet
+    drops main's released line, and another tree would then be built under a published label.
+    Empty outside a git work tree or without a main branch."""
+    have = {(str(r["pin"]), int(r["n"])): str(r["tree"]) for r in read_releases(path)}  # type: ignore[call-overload]
+    first: dict[tuple[str, int], tuple[str, str]] = {}  # label -> (tree, where it is recorded)
+    for commit, name in _main_ledgers(path.parent):
+        text = _git_out(path.parent, "show", f"{commit}:{path.name}")
+        try:
+            entries = tomllib.loads(text or "").get("release", [])
+        except tomllib.TOMLDecodeError:
+            continue  # a ledger that did not read there: the work tree's is checked on its own
+        for entry in entries if isinstance(entries, list) else []:
+            if isinstance(entry, dict) and isinstance(entry.get("n"), int):
+                label = (str(entry.get("pin")), int(entry["n"]))
+                first.setdefault(label, (str(entry.get("tree")), f"{name}, {commit[:12]}"))
+    problems = []
+    for (pin, n), (tree, where) in sorted(first.items()):
+        if have.get((pin, n)) == tree:
+            continue
+        now = f"this ledger gives it to tree {have[(pin, n)]}" if (pin, n) in have else "this ledger lacks it"
+        problems.append(
+            f"{path.name}: main gave vllm {pin}+rbln.{n} to tree {tree} ({where}), and {now}: "
+            f"a label never moves to another tree. A merge resolved with one side's file (git "
+            f"checkout --theirs) drops main's lines. Put main's line back "
+            f'({{ pin = "{pin}", n = {n}, tree = "{tree}" }}) and delete the other side\'s line '
+            f"for that label (its tree gets the next number when it is built again)."
+        )
+    return problems
+
+
+def _git_out(root: Path, *args: str) -> str | None:
+    """git's output in ``root``, or None where git fails (no repository, no such ref or file)."""
+    from . import proc
+    from .errors import FailedProcess
+
+    try:
+        return proc.run(["git", "-C", str(root), *args])
+    except (FailedProcess, OSError):
+        return None

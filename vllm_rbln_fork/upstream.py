@@ -107,6 +107,12 @@ def record_import(repo: Repo, pin: Pin, tree: str, epoch: int, origin: str, cano
     label = f"v{pin}" if canonical else f"v{pin}-src.{tree[:12]}"
     tag = f"refs/tags/upstream/{label}"
     existing = repo.resolve(tag)
+    if existing is not None and existing != commit and not canonical and repo.tree_of(existing) == tree:
+        # A local tree or a git ref is labelled by its tree: the same files imported before, from
+        # another folder or ref or with other mtimes, are that source, and keep its commit (its
+        # date and origin are the first import's), so the tree keeps one upstream commit.
+        epoch = int(repo.out("log", "-1", "--format=%ct", existing).strip())
+        return Upstream(pin, label, existing, epoch)
     if existing is not None and existing != commit:
         before = repo.out("log", "-1", "--format=%b", existing).strip()
         raise ForkError(

@@ -370,7 +370,9 @@ def _move(
     )
     tier, passed = "not run: the carry stopped at a conflict", None
     if carried and run_tier:
+        before = _other_pins_files(project, target)
         tier, passed = _scheduler_tier(project, target)
+        _refuse_changes_to_other_pins(project, target, before)
     elif carried:
         tier = "not run (--no-tier)"
     left = _left_by_hand(target, newest, name, stopped_at, carried, passed, bool(flagged))
@@ -508,6 +510,76 @@ def _scheduler_tier(project: Project, target: Pin) -> tuple[str, bool]:
         f"the scheduler tier at vllm {target} could not run ({shown} exited {status}, not 0 passed "
         "or 1 failed): its error is above. Nothing was committed; fix that and run the watcher again."
     )
+
+
+def _new_pins_own(target: Pin, relative: str) -> bool:
+    """Whether ``relative`` (a path under ``WRITES``) is the new pin's own: its series, its
+    patches, its draft record; the files a move to it may write."""
+    own = (f"series/{target}", f"docs/rebases/v{target}.md", f"docs/rebases/v{target}.draft.md")
+    return relative in own or relative.startswith(f"patches/{target}/")
+
+
+def _other_pins_files(project: Project, target: Pin) -> dict[str, bytes]:
+    """Every file under ``WRITES`` that is not the new pin's own, by its bytes: what the scheduler
+    tier (the new release's code) must leave as it is."""
+    found = {}
+    for name in WRITES:
+        for path in _under(project.root / name):
+            relative = path.relative_to(project.root).as_posix()
+            if (path.is_file() or path.is_symlink()) and not _new_pins_own(target, relative):
+                found[relative] = (
+                    path.read_bytes() if path.is_file() else b"-> " + os.fsencode(path.readlink())
+                )
+    return found
+
+
+def _ledgers_agree(relative: str, before: bytes, after: bytes, target: Pin) -> bool:
+    """pins.lock and fork-releases.toml may gain the new pin's lines (the tier builds its wheel,
+    which records its sdist hash and release number), nothing else."""
+    import tomllib
+
+    try:
+        old, new = tomllib.loads(before.decode()), tomllib.loads(after.decode())
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return False
+    if relative == "pins.lock":
+        for data in (old, new):
+            if isinstance(data.get("vllm"), dict):
+                data["vllm"].pop(str(target), None)
+        return old == new
+    releases = [new.get("release", []), old.get("release", [])]
+    if not all(isinstance(r, list) for r in releases):
+        return False
+    others = [[e for e in r if not (isinstance(e, dict) and e.get("pin") == str(target))] for r in releases]
+    return others[0] == others[1] and {k: v for k, v in old.items() if k != "release"} == {
+        k: v for k, v in new.items() if k != "release"
+    }
+
+
+def _refuse_changes_to_other_pins(project: Project, target: Pin, before: dict[str, bytes]) -> None:
+    """Refuse the move (the watcher's error: everything put back) when the scheduler tier changed
+    a file under ``WRITES`` that is not the new pin's own (a supported pin's patch, a rerere
+    record, another pin's lines): the commit would carry it, and the summary would not say so."""
+    after = _other_pins_files(project, target)
+    changed = sorted(
+        name
+        for name in before.keys() | after.keys()
+        if before.get(name) != after.get(name)
+        and not (
+            name in ("pins.lock", "fork-releases.toml")
+            and name in before
+            and name in after
+            and _ledgers_agree(name, before[name], after[name], target)
+        )
+    )
+    if changed:
+        raise ForkError(
+            f"the scheduler tier at vllm {target} (the new release's unreviewed code) changed "
+            f"{', '.join(changed)}, which are not vllm {target}'s own files: nothing was committed "
+            f"and the project was put back as it was. Look at what the release's setup.py and code "
+            f"do before moving to it (python build.py --pin {target} --review), or move with "
+            f"--no-tier and run the tier on a machine of its own."
+        )
 
 
 def caged_env(cage: Path, environ: dict[str, str] | None = None) -> dict[str, str]:

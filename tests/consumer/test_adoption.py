@@ -232,3 +232,27 @@ def test_the_optimum_scheduler_is_built_and_schedules() -> None:
         # 0.31.0's queue of waiting requests holding KV, which its inherited methods read.
         with pytest.raises(AttributeError, match="kv_holding_waiting"):
             driver.run(40)
+
+
+def test_check_and_update_ends_in_setup_runtime_env_after_wire() -> None:
+    """docs/adopting.md, "`_wire`'s scheduler class": vllm-rbln's `check_and_update` runs
+    `_validate`, `_override`, `_wire`, then `_setup_runtime_env` (the page once said it ended
+    in `_wire`). Read from the installed (patched) file, without importing it."""
+    import ast
+
+    spec = importlib.util.find_spec("vllm_rbln")
+    assert spec is not None and spec.origin is not None
+    source = Path(spec.origin).parent / "platform" / "vllm_impl.py"
+    (hook,) = [
+        node
+        for node in ast.parse(source.read_text()).body
+        if isinstance(node, ast.FunctionDef) and node.name == "check_and_update"
+    ]
+    steps = [
+        stmt.value.func.id
+        for stmt in hook.body
+        if isinstance(stmt, ast.Expr)
+        and isinstance(stmt.value, ast.Call)
+        and isinstance(stmt.value.func, ast.Name)
+    ]
+    assert steps == ["_validate", "_override", "_wire", "_setup_runtime_env"]

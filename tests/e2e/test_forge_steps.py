@@ -83,10 +83,10 @@ def test_ci_first_job_runs_the_tooling_tier_lint_and_makes_the_matrix(
         "Matrix from pins.toml",
     ]
     assert [s.why_not for s in job.steps if not s.ran] == [
-        "the forge's action actions/checkout@v5",
-        "the forge's action actions/setup-python@v6",
-        "the forge's action actions/cache@v5",
-        "the forge's action actions/upload-artifact@v6",
+        "the forge's action actions/checkout@08c6903cd8c0fde910a37f88322edcfb5dd907a8",
+        "the forge's action actions/setup-python@e797f83bcb11b83ae66e0230d6156d7c80228e7c",
+        "the forge's action actions/cache@a7833574556fa59680c1b7cb190c1735db73ebf0",
+        "the forge's action actions/upload-artifact@b7c566a772e6b6bfb58ed0dc250532a479d7789f",
     ]
     table = (clone / "reports" / "time-tooling.txt").read_text()
     assert table.splitlines()[2].startswith("tooling")

@@ -6,6 +6,7 @@ On a tiny plugin tree made here (two files), with patches made by git as the rea
 from __future__ import annotations
 
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -181,3 +182,63 @@ def test_a_deletion_of_a_missing_file_undoes_the_patches(tmp_path: Path) -> None
     with pytest.raises(PatchDoesNotApply, match=r"has no plugin/scheduler\.py, which plugin-1\.0's deletes"):
         apply_adoption_patches(release, adoption_patches("plugin-1.0", root=patches.parent))
     assert {p.name: p.read_text() for p in (release / "plugin").iterdir()} == before
+
+
+def _tree_and_outside(tmp_path: Path) -> dict[Path, bytes]:
+    """Every file under ``tmp_path`` (the release and what lies beside it), by its bytes."""
+    return {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize("line", ["../outside.py", "plugin/../../outside.py", "/ABS/outside.py"])
+def test_a_deletion_outside_the_tree_is_refused_and_nothing_changes(tmp_path: Path, line: str) -> None:
+    """AD1: a deletes line with .. or an absolute path deleted a file outside the tree."""
+    release, patches = _release(tmp_path)
+    outside = tmp_path / "outside.py"
+    outside.write_text("keep me\n")
+    (patches / "deletes").write_text(line.replace("/ABS", str(tmp_path)) + "\n")
+    before = _tree_and_outside(tmp_path)
+    with pytest.raises(SeriesError, match=r"is not a path inside the release.*correct or drop the line"):
+        apply_adoption_patches(release, adoption_patches("plugin-1.0", root=patches.parent))
+    assert _tree_and_outside(tmp_path) == before
+
+
+def test_a_deletion_through_a_link_out_of_the_tree_is_refused(tmp_path: Path) -> None:
+    release, patches = _release(tmp_path)
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "outside.py").write_text("keep me\n")
+    (release / "linked").symlink_to(tmp_path / "elsewhere")
+    (patches / "deletes").write_text("linked/outside.py\n")
+    before = _tree_and_outside(tmp_path)
+    with pytest.raises(PatchDoesNotApply, match=r"names linked/outside\.py, outside .*nothing was applied"):
+        apply_adoption_patches(release, adoption_patches("plugin-1.0", root=patches.parent))
+    assert _tree_and_outside(tmp_path) == before
+
+
+def test_a_deletion_listed_twice_is_refused_before_anything_changes(tmp_path: Path) -> None:
+    """AD2: a line listed twice gave a raw FileNotFoundError, the patches applied, one file gone."""
+    release, patches = _release(tmp_path)
+    (release / "plugin" / "scheduler.py").write_text("class Scheduler: ...\n")
+    (patches / "deletes").write_text("plugin/scheduler.py\n./plugin/scheduler.py\n")
+    before = _tree_and_outside(tmp_path)
+    with pytest.raises(SeriesError, match=r"lists 'plugin/scheduler\.py' twice .*drop one of the lines"):
+        apply_adoption_patches(release, adoption_patches("plugin-1.0", root=patches.parent))
+    assert _tree_and_outside(tmp_path) == before
+    # Made by hand, bypassing the list's reader: the applier refuses it too, before any patch.
+    (patches / "deletes").unlink()
+    listed = adoption_patches("plugin-1.0", root=patches.parent)
+    twice = replace(listed, deletions=("plugin/scheduler.py", "plugin/scheduler.py"))
+    with pytest.raises(PatchDoesNotApply, match=r"names plugin/scheduler\.py more than once: nothing was"):
+        apply_adoption_patches(release, twice)
+    assert _tree_and_outside(release) == {p: b for p, b in before.items() if p.is_relative_to(release)}
+
+
+@pytest.mark.parametrize("name", ["../elsewhere.patch", "sub/a.patch", "/ABS/elsewhere.patch"])
+def test_a_series_line_naming_a_patch_outside_its_folder_is_refused(tmp_path: Path, name: str) -> None:
+    """AD3: a series line may name a patch outside its folder (``../other/x.patch``)."""
+    folder = tmp_path / "adopting" / "plugin-1.0"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "sub" / "a.patch").write_text("")
+    (tmp_path / "adopting" / "elsewhere.patch").write_text("")
+    (folder / "series").write_text(name.replace("/ABS", str(tmp_path / "adopting")) + "\n")
+    with pytest.raises(SeriesError, match=r"which is not a file in .*by its file name alone"):
+        adoption_patches("plugin-1.0", root=folder.parent)

@@ -281,3 +281,27 @@ def test_the_release_s_tree_built_from_a_local_tree_takes_neither_its_label_nor_
         [release.wheel.name, local.wheel.name]
     )
     assert sha256_of(index / "files" / release.wheel.name) == release.manifest.wheel_sha256
+
+
+def test_the_same_local_tree_builds_again_after_a_touch_and_from_another_folder(fork, tmp_path) -> None:
+    """L1: the same files given again with --source DIR, touched or copied to another folder,
+    were refused ("imported before from a different source") with advice to delete the cache
+    repo. They are the same source: the same upstream commit, label and wheel bytes."""
+    import tarfile
+
+    from vllm_rbln_fork.source import SourceSpec
+
+    with tarfile.open(fork.index.root / "simple/vllm/vllm-1.1.tar.gz") as tar:
+        tar.extractall(tmp_path / "src", filter="data")
+    tree = tmp_path / "src" / "vllm-1.1"
+    first = build(Pin.parse("1.1"), SourceSpec.parse(str(tree), None), fork.project)
+    later = os.stat(tree / "PKG-INFO").st_mtime + 3600  # the newest mtime: a later epoch
+    os.utime(tree / "PKG-INFO", (later, later))
+    touched = build(Pin.parse("1.1"), SourceSpec.parse(str(tree), None), fork.project, use_cache=False)
+    moved = shutil.copytree(tree, tmp_path / "elsewhere" / "vllm-1.1")
+    elsewhere = build(Pin.parse("1.1"), SourceSpec.parse(str(moved), None), fork.project, use_cache=False)
+    for again in (touched, elsewhere):
+        assert again.manifest.upstream_commit == first.manifest.upstream_commit
+        assert again.manifest.patched_commit == first.manifest.patched_commit
+        assert again.wheel.name == first.wheel.name
+        assert again.manifest.wheel_sha256 == first.manifest.wheel_sha256

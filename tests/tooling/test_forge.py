@@ -61,10 +61,21 @@ def _load(path: Path) -> dict[str, Any]:
     return data
 
 
+# Each workflow's runner label is a variable of its own (issue 52, R1): the watcher runs an
+# unreviewed vLLM release's code and the release job holds the upload secrets, so on self-hosted
+# runners the two (and CI, which runs pull requests) must be told apart.
+RUNNER_VARIABLE = {"ci.yml": "CI_RUNNER", "release.yml": "RELEASE_RUNNER", "watch.yml": "WATCH_RUNNER"}
+
+
 @pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.name)
 def test_runners_and_indexes_are_variables_and_scripts_take_values_through_env(path: Path) -> None:
     for name, job in _load(path)["jobs"].items():
-        assert "vars.CI_RUNNER" in str(job["runs-on"]), f"{path.name}: job {name}'s runs-on is a literal"
+        runs_on = str(job["runs-on"])
+        assert f"vars.{RUNNER_VARIABLE[path.name]}" in runs_on, (
+            f"{path.name}: job {name}'s runs-on: {runs_on}"
+        )
+        others = [v for f, v in RUNNER_VARIABLE.items() if f != path.name and v in runs_on]
+        assert not others, f"{path.name}: job {name} runs on another workflow's runner {others}"
         for step in job["steps"]:
             script = step.get("run", "")
             assert "${{" not in script, f"{path.name}: {step.get('name')}: an expression in a script"
@@ -153,3 +164,31 @@ def test_no_cell_of_the_test_matrix_may_run_over_its_minutes() -> None:
     cells = [job for job in jobs.values() if "needs.tooling.outputs.test" in str(job.get("strategy", ""))]
     assert len(cells) == 1, "one job runs the test matrix"
     assert cells[0].get("timeout-minutes") == CELL_MINUTES <= 10
+
+
+# Each action the workflows use, by the commit its release tag named when it was pinned (issue
+# 52, WF1): a tag moves, and the release wheel job (the upload secret) and the propose job (the
+# write token) run whatever it names when they start. Resolved from stored public workflows and
+# action lock files that record the same sha for the tag; bump one with its tag's commit
+# (git ls-remote https://github.com/<action> refs/tags/<tag>) and the comment beside it.
+PINNED_ACTIONS = {
+    "actions/checkout": ("08c6903cd8c0fde910a37f88322edcfb5dd907a8", "v5.0.0"),
+    "actions/setup-python": ("e797f83bcb11b83ae66e0230d6156d7c80228e7c", "v6.0.0"),
+    "actions/cache": ("a7833574556fa59680c1b7cb190c1735db73ebf0", "v5.0.0"),
+    "actions/cache/restore": ("a7833574556fa59680c1b7cb190c1735db73ebf0", "v5.0.0"),
+    "actions/upload-artifact": ("b7c566a772e6b6bfb58ed0dc250532a479d7789f", "v6.0.0"),
+    "actions/download-artifact": ("37930b1c2abaa49bbe596cd826c3c89aef350131", "v7.0.0"),
+}
+
+
+def test_every_action_is_used_by_its_full_commit_sha_with_its_tag_beside_it() -> None:
+    unpinned = []
+    for workflow in WORKFLOWS:
+        for number, line in enumerate(workflow.read_text().splitlines(), start=1):
+            found = re.match(r"^\s*(?:-\s*)?uses:\s*(\S+?)@(\S+)\s*(?:#\s*(\S+))?\s*$", line)
+            if found is None:
+                continue
+            action, ref, tag = found.groups()
+            if PINNED_ACTIONS.get(action) != (ref, tag):
+                unpinned.append(f"{workflow.name}:{number}: {action}@{ref} # {tag}")
+    assert not unpinned, "actions not used by their pinned commit:\n" + "\n".join(unpinned)

@@ -216,7 +216,7 @@ def test_yank_without_reason_and_errors(wheel: Path, index: Path) -> None:
     assert 'data-yanked=""' in (index / "simple" / "vllm" / "index.html").read_text()
     assert json.loads((index / "simple" / "vllm" / "index.json").read_text())["files"][0]["yanked"] is True
 
-    with pytest.raises(ForkError, match="no published file"):
+    with pytest.raises(ForkError, match="no published wheel"):
         yank(str(index), "vllm-0.31.0+rbln.9-py3-none-any.whl", "x")
     with pytest.raises(ForkError, match="not a published index"):
         yank(str(index.parent / "elsewhere"), WHEEL, "x")
@@ -225,6 +225,18 @@ def test_yank_without_reason_and_errors(wheel: Path, index: Path) -> None:
         yank(str(index), f"../files/{WHEEL}", "x")
     with pytest.raises(ForkError, match="server's own tools"):
         yank("http://127.0.0.1:9/", WHEEL, "x")
+
+
+def test_yanking_a_wheel_s_metadata_is_refused_and_names_the_wheel(wheel: Path, index: Path) -> None:
+    """C3: ``yank <wheel>.metadata`` said "yanked" and the wheel stayed installable."""
+    publish(wheel, str(index))
+    pages = {p: p.read_bytes() for p in (index / "simple").rglob("*") if p.is_file()}
+    with pytest.raises(ForkError) as err:
+        yank(str(index), WHEEL + ".metadata", "bad build")
+    assert f"the metadata of {WHEEL}, not a wheel; nothing was yanked" in str(err.value)
+    assert f"build.py yank {WHEEL} --from {index}" in str(err.value)
+    assert {p: p.read_bytes() for p in (index / "simple").rglob("*") if p.is_file()} == pages
+    assert not list((index / ".index-state").glob("*.metadata.json"))
 
 
 def test_upload_time_survives_regeneration(wheel: Path, index: Path, tmp_path: Path) -> None:
@@ -452,3 +464,36 @@ def test_new_project_goes_with_an_upload_url(tmp_path: Path) -> None:
 
     with pytest.raises(SystemExit):
         cli.main(["--pin", "1.0", "--publish", str(tmp_path), "--new-project"])
+
+
+@pytest.mark.parametrize(
+    "dest", ["htps://wheels.internal.example/", "ftp://wheels.example/", "file:///srv/wheels"]
+)
+def test_a_dest_of_another_scheme_is_refused_not_made_a_folder(
+    dest: str,
+    wheel: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """C1: a mistyped upload URL (``htps://``) or another scheme was a folder under the current
+    directory, and the build said "published" with nothing uploaded."""
+    from vllm_rbln_fork import cli
+
+    monkeypatch.chdir(tmp_path)
+    before = sorted(tmp_path.rglob("*"))
+    for call in (lambda: publish(wheel, dest), lambda: yank(dest, wheel.name, "why")):
+        with pytest.raises(ForkError, match=r"neither a folder nor an http\(s\) upload URL"):
+            call()
+    assert cli.main(["--pin", "1.0", "--publish", dest]) == 2  # refused before any build
+    err = " ".join(capsys.readouterr().err.split())
+    assert "nothing was built or published" in err and "http(s) URL" in err
+    assert sorted(tmp_path.rglob("*")) == before  # no stray folder index
+
+
+def test_a_folder_whose_name_has_a_colon_is_reached_with_dot_slash(
+    wheel: Path, tmp_path: Path, monkeypatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    publish(wheel, "./ftp:wheels")
+    assert (tmp_path / "ftp:wheels" / "files" / wheel.name).is_file()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -423,6 +424,11 @@ for planted in (xdg / "vllm-rbln-fork" / "tool-envs" / "planted", cache / "wheel
     planted.parent.mkdir(parents=True, exist_ok=True)
     planted.write_text("from the release")
 pathlib.Path(__file__).with_name("seen.txt").write_text(json.dumps(seen))
+tamper = pathlib.Path(__file__).with_name("TAMPER")  # a project file to append a line to
+for name in (tamper.read_text().split() if tamper.exists() else []):
+    target = pathlib.Path(__file__).parent / name
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text((target.read_text() if target.exists() else "") + "# from the release\\n")
 sys.exit(int(pathlib.Path(__file__).with_name("STATUS").read_text()))
 """
 
@@ -434,7 +440,7 @@ def hostile_tier(repo_fork: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     root = repo_fork.project.root
     (root / "build.py").write_text(HOSTILE_BUILD_PY)
     (root / "STATUS").write_text("0")
-    (root / ".gitignore").write_text("/work/\n/seen.txt\n/STATUS\n")
+    (root / ".gitignore").write_text("/work/\n/seen.txt\n/STATUS\n/TAMPER\n")
     _git(root, "add", "-A")
     _git(root, "commit", "-q", "-m", "build.py")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "user-cache"))
@@ -459,6 +465,32 @@ def test_the_new_release_runs_caged_and_nothing_it_wrote_is_kept(repo_fork: Any,
         assert seen[name] and not Path(seen[name]).exists(), name  # the cage is gone
     assert not list(hostile_tier.rglob("planted"))
     assert not list(Path(os.environ["VLLM_RBLN_FORK_CACHE"]).rglob("planted"))
+
+
+@pytest.mark.parametrize("tampered", ["shared-patch", "series/1.0", "rerere-record", "pins.toml"])
+def test_a_tier_that_changes_another_pins_files_is_refused_and_nothing_is_kept(
+    repo_fork: Any, hostile_tier: Path, tampered: str
+) -> None:
+    """W1: the new release's code, run by the scheduler tier in the work tree the move is
+    committed from, edited a supported pin's shared patch; `git add --all -- patches ...`
+    committed it and the summary did not say so. The move is now refused (the watcher's error)
+    naming the file, and everything is put back."""
+    fork, root = repo_fork, repo_fork.project.root
+    shared = sorted((root / "patches").glob("*.patch"))[0].relative_to(root).as_posix()
+    name = {
+        "shared-patch": shared,
+        "series/1.0": "series/1.0",
+        "rerere-record": "rerere/0123abcd/postimage",
+        "pins.toml": "pins.toml",
+    }[tampered]
+    (root / "TAMPER").write_text(name)
+    before = _supported_files(root)
+    head = _git(root, "rev-parse", "HEAD")
+    with pytest.raises(ForkError, match=rf"changed {re.escape(name)}, which are not vllm 1.1's own files"):
+        watch(fork.project, fork.spec())
+    assert _supported_files(root) == before
+    assert _git(root, "branch", "--list", "watch/*") == "" and _git(root, "rev-parse", "HEAD") == head
+    assert _git(root, "status", "--porcelain") == ""
 
 
 def test_a_tier_that_cannot_start_is_the_watchers_error_not_work_by_hand(
@@ -502,3 +534,22 @@ def test_the_work_by_hand_commit_passes_the_projects_own_pre_commit_hook(
     assert stopped.outcome is Outcome.BY_HAND and stopped.commit is not None
     assert stopped.commit == _git(root, "rev-parse", "watch/vllm-1.3").strip()
     assert _git(root, "status", "--porcelain", "--untracked-files=no") == ""
+
+
+def test_the_tier_may_add_the_new_pins_lines_to_the_ledgers_and_nothing_else() -> None:
+    """The scheduler tier builds the new pin's wheel, which records its sdist hash (pins.lock)
+    and its release number (fork-releases.toml): those lines are the new pin's own."""
+    from vllm_rbln_fork.watch import _ledgers_agree
+
+    lock = b'[vllm."1.0"]\nfilename = "vllm-1.0.tar.gz"\nsha256 = "aa"\n'
+    grown = lock + b'\n[vllm."1.1"]\nfilename = "vllm-1.1.tar.gz"\nsha256 = "bb"\n'
+    assert _ledgers_agree("pins.lock", lock, grown, Pin.parse("1.1"))
+    assert not _ledgers_agree("pins.lock", lock, grown.replace(b'"aa"', b'"cc"'), Pin.parse("1.1"))
+    assert not _ledgers_agree("pins.lock", lock, grown, Pin.parse("1.2"))
+    ledger = b'release = [\n    { pin = "1.0", n = 1, tree = "a" },\n]\n'
+    added = ledger.replace(b"]\n", b'    { pin = "1.1", n = 1, tree = "b" },\n]\n')
+    assert _ledgers_agree("fork-releases.toml", ledger, added, Pin.parse("1.1"))
+    assert not _ledgers_agree(
+        "fork-releases.toml", ledger, added.replace(b'tree = "a"', b'tree = "z"'), Pin.parse("1.1")
+    )
+    assert not _ledgers_agree("fork-releases.toml", ledger, added, Pin.parse("1.2"))

@@ -116,3 +116,63 @@ def test_the_series_lint_finds_a_label_given_to_two_trees(tmp_path: Path) -> Non
         found.startswith("fork-releases.toml: both give vllm 1.0+rbln.2")
         and "one label names one tree" in found
     )
+
+
+def test_a_merge_resolved_with_the_other_side_s_ledger_is_refused_by_the_lint(tmp_path: Path) -> None:
+    """L2: main released +rbln.2 (tree b), branch `a` took +rbln.2 for tree a; the merge resolved
+    with `git checkout --theirs` reads well (one label, one tree) but has lost main's line, and
+    tree a would then be built as the published +rbln.2. The lint names the line and the way out."""
+    from vllm_rbln_fork.project import Project
+    from vllm_rbln_fork.testing.series_lint import problems
+
+    repo = _merge_keeping_both_sides(tmp_path, theirs=(2, "a" * 40), ours=(2, "b" * 40))
+    (repo / "series").write_text("# Exported-Against: vllm 1.0\n")
+    (repo / "patches").mkdir()
+    assert _git(repo, "checkout", "--theirs", "fork-releases.toml").returncode == 0
+    assert "b" * 40 not in (repo / "fork-releases.toml").read_text()
+    (found,) = problems(Project(repo))
+    assert found.startswith(f"fork-releases.toml: main gave vllm 1.0+rbln.2 to tree {'b' * 40} (main, ")
+    assert f"this ledger gives it to tree {'a' * 40}: a label never moves" in found
+    assert f'n = 2, tree = "{"b" * 40}"' in found and "delete the other side's line" in found
+
+    # Committed so (CI lints the merge on main): main's first parent still holds the line.
+    _git(repo, "add", "-A")
+    assert _git(repo, "commit", "-qm", "merge a").returncode == 0
+    (found,) = problems(Project(repo))
+    assert f"main gave vllm 1.0+rbln.2 to tree {'b' * 40} (main before the merge" in found
+
+    # Mended as the message says, in a commit after the merge: nothing to say.
+    _git(repo, "checkout", "-q", "HEAD^1", "--", "fork-releases.toml")
+    assert problems(Project(repo)) == []
+    assert _git(repo, "commit", "-qam", "mend the ledger").returncode == 0
+    assert problems(Project(repo)) == []
+
+    # A label main dropped altogether is named too.
+    record_release(repo / "fork-releases.toml", Pin.parse("1.0"), 3, "c" * 40)
+    _git(repo, "commit", "-qam", "main built")
+    text = (repo / "fork-releases.toml").read_text()
+    (repo / "fork-releases.toml").write_text("".join(x for x in text.splitlines(True) if "c" * 40 not in x))
+    (found,) = problems(Project(repo))
+    assert f"main gave vllm 1.0+rbln.3 to tree {'c' * 40}" in found and "this ledger lacks it" in found
+    _git(repo, "checkout", "-q", "--", "fork-releases.toml")
+
+    # A branch left main before +rbln.3: main's later lines are not asked of it until it merges
+    # main; merging main in with the branch's own file (--ours) drops +rbln.3 and is named.
+    _git(repo, "checkout", "-qb", "late", "HEAD^1")
+    record_release(repo / "fork-releases.toml", Pin.parse("1.0"), 3, "d" * 40)
+    _git(repo, "commit", "-qam", "late built")
+    assert problems(Project(repo)) == []
+    assert _git(repo, "merge", "-q", "main").returncode != 0
+    assert _git(repo, "checkout", "--ours", "fork-releases.toml").returncode == 0
+    (found,) = problems(Project(repo))
+    assert f"main gave vllm 1.0+rbln.3 to tree {'c' * 40} (main, being merged" in found
+
+
+def test_the_lint_outside_a_checkout_checks_the_ledger_alone(tmp_path: Path) -> None:
+    from vllm_rbln_fork.project import Project
+    from vllm_rbln_fork.testing.series_lint import problems
+
+    record_release(tmp_path / "fork-releases.toml", Pin.parse("1.0"), 1, "a" * 40)
+    (tmp_path / "series").write_text("# Exported-Against: vllm 1.0\n")
+    (tmp_path / "patches").mkdir()
+    assert problems(Project(tmp_path)) == []

@@ -220,3 +220,14 @@ def test_the_engine_setup_gives_its_error_to_the_engine_tier(monkeypatch: pytest
     setup = runner.EngineSetup(Pin.parse("0.31.0"), Project.default())
     with pytest.raises(ForkError, match="install commands failed"):
         setup.wait()
+
+
+def test_a_pin_that_is_not_a_version_is_refused_before_any_tier(monkeypatch: pytest.MonkeyPatch) -> None:
+    """C2: ``build.py test --pin not-a-version`` ran the whole tooling tier, then refused."""
+
+    def no_pytest(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the runner ran a tier before reading --pin")
+
+    monkeypatch.setattr(runner, "_pytest", no_pytest)
+    with pytest.raises(ForkError, match="'not-a-version' is not a PEP 440 version"):
+        runner.run_tests(["--pin", "not-a-version"])

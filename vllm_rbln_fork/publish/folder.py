@@ -76,9 +76,17 @@ def yank(root: Path, filename: str, reason: str) -> None:
         raise ForkError(f"{filename!r} is not a file name; give the wheel's name as the index lists it.")
     with _locked(root):
         wheel = root / FILES_DIR / filename
-        if not wheel.is_file():
+        # Only a wheel is yanked: the files folder also holds each wheel's ``.metadata``, which no
+        # page lists as a file, so marking it would change nothing an installer reads.
+        if wheel not in _wheels(root):
             known = ", ".join(sorted(p.name for p in _wheels(root))) or "none"
-            raise ForkError(f"{root} has no published file {filename!r} to yank. Published files: {known}.")
+            named = filename.removesuffix(METADATA_SUFFIX)
+            if named != filename and (root / FILES_DIR / named) in _wheels(root):
+                raise ForkError(
+                    f"{filename!r} is the metadata of {named}, not a wheel; nothing was yanked. "
+                    f"Yank the wheel: build.py yank {named} --from {root} --reason ..."
+                )
+            raise ForkError(f"{root} has no published wheel {filename!r} to yank. Published wheels: {known}.")
         state = _read_state(root, filename) or _default_state(wheel)
         if state.get("yanked") and state.get("yanked_reason", "") == reason:
             log.info(f"{filename} is already yanked with that reason; nothing to do")

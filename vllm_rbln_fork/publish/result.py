@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -27,8 +28,28 @@ class PublishResult:
     already_published: bool
 
 
+# A scheme of two letters or more and its colon (``C:`` is a drive letter elsewhere, not a URL).
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):")
+
+
 def is_url(dest: str) -> bool:
-    return urlsplit(dest).scheme in ("http", "https")
+    """Whether ``dest`` is an upload URL (http or https) rather than a folder.
+
+    A ``dest`` that starts like a URL of another scheme (``htps://``, ``ftp://``, ``file:///``)
+    is refused, not taken for a folder of that name under the current directory: a typo in an
+    upload URL would otherwise publish into a stray folder and report success.
+    """
+    match = _SCHEME.match(dest)
+    if match is None:
+        return False
+    scheme = match.group(1).lower()
+    if scheme in ("http", "https"):
+        return True
+    raise ForkError(
+        f"{redact(dest)} is neither a folder nor an http(s) upload URL: its scheme {scheme}: is not "
+        f"http: or https:, so nothing was built or published. Give the index server's http(s) URL, "
+        f"or a folder path (a folder whose name starts with {scheme}: is ./{redact(dest)})."
+    )
 
 
 def check_upload_url(dest: str) -> None:

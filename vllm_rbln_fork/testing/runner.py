@@ -340,9 +340,9 @@ class TierRun:
     counts: Counts
 
 
-def _pins(requested: list[str] | None, project: Project) -> list[Pin]:
+def _pins(requested: list[Pin] | None, project: Project) -> list[Pin]:
     if requested:
-        return [Pin.parse(p) for p in requested]
+        return requested
     supported = [s.pin for s in supported_pins(project)]
     return supported or [read_series_for(project).exported_against]
 
@@ -438,6 +438,9 @@ def _run(args: argparse.Namespace, reports: Path, bytecode: Path) -> int:
     run_start = time.perf_counter()
     tiers = args.tier or list(TIERS)
     check_tier_paths(tiers)
+    # Every --pin is read before any tier runs: a misspelt pin is refused at once, not after
+    # the tooling tier's minutes.
+    requested = [Pin.parse(p) for p in args.pin] if args.pin else None
     # Every process of the run writes and reads its bytecode under one directory of the run's
     # own (PYTHONPYCACHEPREFIX), never beside the sources: uv installs the venvs without
     # bytecode, and a process importing torch and vLLM from source takes 19 s of CPU where one
@@ -469,7 +472,7 @@ def _run(args: argparse.Namespace, reports: Path, bytecode: Path) -> int:
         )
 
     vllm_tiers = [t for t in tiers if t not in ("tooling", "engine")]
-    pins = _pins(args.pin, project) if [t for t in tiers if t != "tooling"] else []
+    pins = _pins(requested, project) if [t for t in tiers if t != "tooling"] else []
     held = ExitStack()  # the test venv of the pin under test, released before the next pin's
     reference_env: dict[str, str] = {}
     if "parity" in tiers and pins:

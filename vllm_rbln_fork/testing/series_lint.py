@@ -14,7 +14,7 @@ import sys
 
 from ..errors import ForkError
 from ..project import Project
-from ..releases import read_releases
+from ..releases import dropped_from_main, read_releases
 from ..series import read_series
 from ..supported import listed_pins, series_pins, unused_patch_files
 
@@ -64,13 +64,14 @@ def problems(project: Project) -> list[str]:
 
 
 def _ledger_problems(project: Project) -> list[str]:
-    """The release ledger (fork-releases.toml) reads, one label one tree: a merge that kept
-    both branches' new lines is caught at its commit, before a build meets it."""
+    """The release ledger (fork-releases.toml) reads, one label one tree, and holds every line
+    main's holds: a merge that kept both branches' new lines, or only the other side's file,
+    is caught at its commit, before a build meets it."""
     try:
         read_releases(project.releases_file)
+        return dropped_from_main(project.releases_file)
     except ForkError as exc:
         return [str(exc)]
-    return []
 
 
 def main() -> int:
