@@ -438,7 +438,13 @@ class Driver:
         # async scheduling the drafts stay in the worker (the engine core
         # never calls `update_draft_token_ids`); `AsyncScheduler` schedules
         # placeholder slots for them.
-        drafting = [request.request_id for request in scheduler.running if not request.is_prefill_chunk]
+        # A request drafts once it has sampled (with batches in flight its last prefill
+        # chunk counts as computed before its first token comes back).
+        drafting = [
+            request.request_id
+            for request in scheduler.running
+            if not request.is_prefill_chunk and request.num_output_tokens
+        ]
         if drafting and scheduler.num_spec_tokens and not scheduler.scheduler_config.async_scheduling:
             scheduler.update_draft_token_ids(
                 DraftTokenIds(

@@ -167,18 +167,23 @@ def run(w: Workload, rbln: bool) -> Any:
         for i, r in enumerate(w.requests)
     ]
     last_arrival = max(r.arrival for r in w.requests)
+    aborted: set[str] = set()
     for step in range(400):
         for i, r in enumerate(w.requests):
             if r.arrival == step:
                 driver.add(requests[i])
             if r.abort_at == step and requests[i].request_id in scheduler.requests:
                 scheduler.finish_requests(requests[i].request_id, RequestStatus.FINISHED_ABORTED)
+                aborted.add(requests[i].request_id)
         if step > last_arrival and not scheduler.has_requests() and not driver.batches_in_flight:
             break
         if in_flight == 1:
             driver.step()
         else:
             driver.step_with_batch_queue()
+    # A stall is a failure too (issue 51): every request not aborted has finished.
+    unfinished = {r.request_id for r in requests} - driver.finished - aborted
+    assert not unfinished, f"{sorted(unfinished)} unfinished after 400 steps"
     return driver
 
 

@@ -1,0 +1,179 @@
+"""The hybrid search (hybrid_search.py) in the tier, and the scenarios it found (issue 51).
+
+A few derandomized examples a side keep the tier's budget; bench/bench_hybrid_search.py runs
+the long search over seeds and prints what fails on which side."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+from typing import Any
+
+import hybrid_search as s
+import pytest
+import sched_harness as h
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+BLOCK = s.BLOCK
+# Examples a search test draws; VLLM_RBLN_SEARCH_EXAMPLES scales it (the bench's long run).
+EXAMPLES = int(os.environ.get("VLLM_RBLN_SEARCH_EXAMPLES", "8"))
+SETTINGS = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+
+
+def _clean(workload: s.Workload, side: s.Side = "rbln") -> None:
+    outcome, _driver = s.run(workload, side)
+    assert outcome is None, f"{side}: {outcome} on {workload}"
+
+
+@SETTINGS
+@given(seed=st.integers(0, 2**32 - 1))
+def test_the_rbln_scheduler_on_full_attention_next_to_sliding_windows(seed: int) -> None:
+    """Full attention next to one or two windows, sub-blocks of 4 or 8, every mode: no wrong
+    KV, no event the pool contradicts, no stall, every request finished."""
+    _clean(s.random_workload(random.Random(seed), layouts=("full+window", "full+2windows"), connector=False))
+
+
+@SETTINGS
+@given(seed=st.integers(0, 2**32 - 1))
+def test_the_rbln_scheduler_with_a_kv_connector(seed: int) -> None:
+    """One full-attention or MLA group with a connector loading every prompt's first block
+    or two (sync or async loads), sub-blocks of 4 or 8."""
+    _clean(s.random_workload(random.Random(seed), layouts=("full", "mla"), connector=True))
+
+
+@SETTINGS
+@given(seed=st.integers(0, 2**32 - 1))
+def test_upstreams_scheduler_on_the_same_hybrid_workloads(seed: int) -> None:
+    """The control, in sync mode (its pp2 failures are listed in docs/sub-block-cache.md)."""
+    w = s.random_workload(random.Random(seed), layouts=("full+window", "full+2windows"), connector=False)
+    _clean(dataclasses.replace(w, mode="sync"), "upstream")
+
+
+# -- issue 51: a sub-block hit cut back to whole blocks in a sliding-window group -----------
+
+
+# (window, blocks in the pool): the pool that leaves B's sub-block hit (40) short of one block.
+@pytest.mark.parametrize(("window", "num_blocks"), [(8, 10), (20, 11)])
+def test_a_sub_block_hit_cut_to_whole_blocks_keeps_the_window_s_blocks(window: int, num_blocks: int) -> None:
+    """Full attention next to a window. A (44 tokens) is cached; B shares its first 42 tokens
+    and comes when the pool is too small for the sub-block hit's copy-on-write block: the
+    gate retries with the hit's whole blocks (32). At 40 tokens the window group's hit needs
+    only A's block 2 (the blocks below the window are null); at 32 its window (positions
+    32 - window + 1 on) reaches into block 1, which a slice of the longer hit's table had as
+    the null block. Found by the hybrid search (seed 2 of full+window): "stale read: r1
+    attends position 25 in block 0 slot 9, which holds nothing"; before the fix B read its
+    window's first positions from the null block."""
+    layout = s.Workload("full+window", (window,), 4, "sync", "fcfs", 0, 0, None, 0, ())
+    groups = s.groups(layout)
+    assert groups is not None
+    make = s._on_groups(h.rbln_scheduler_factory(h.sub_block_settings(4)), groups)
+    scheduler = h.create_scheduler(
+        scheduler_cls=h.with_kv_events(make, False),
+        block_size=BLOCK,
+        num_blocks=num_blocks,
+        max_num_seqs=4,
+        max_num_batched_tokens=16,
+        max_model_len=256,
+        enable_prefix_caching=True,
+    )
+    driver = h.Driver(scheduler)
+    assert driver.oracle is not None and driver.events is not None
+    a_prompt = h.distinct_prompt(1, 44)
+    driver.add(h.make_request("A", a_prompt, 1, hash_block_size=4))
+    driver.run(10, until=["A"])
+    # C holds blocks while B is admitted: what is left fits B's whole-block hit, not the
+    # sub-block hit's copy too.
+    driver.add(h.make_request("C", h.distinct_prompt(2, 20), 30, hash_block_size=4))
+    while scheduler.requests["C"].num_computed_tokens < 20:
+        driver.step()
+    free = scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
+    b_prompt = [*a_prompt[:42], 4242, 4243, 4244, 4245]
+    driver.add(h.make_request("B", b_prompt, 2, hash_block_size=4))
+    record = driver.step()
+    driver.run(60)
+    assert {"A", "B", "C"} <= driver.finished
+    hits = [st.num_computed_before["B"] for st in driver.steps if "B" in st.num_computed_before]
+    assert hits, "B never ran"
+    # The gate refused the sub-block hit (40, its copy-on-write block one too many) and
+    # took its whole blocks at once (the step B was added).
+    assert record.num_computed_before.get("B") == 32, (free, hits)
+    assert not driver.oracle.violations
+
+
+# -- issue 51: a schedule() pass that raises after an allocation -----------------------------
+
+
+def test_a_pass_that_raises_after_an_allocation_registers_none_of_its_entries() -> None:
+    """A (priority 1, 20 tokens) is allocated its first chunk, whose sub-block boundaries
+    (4, 8, 12, 16) the pass holds until it completes; the connector then raises (a
+    connector's `update_state_after_alloc` is the first call after the allocation) and the
+    pass never completes. H (priority 0) arrives and takes the next pass's whole budget, so A
+    is not allocated again in it. The held entries must go with the pass that raised
+    (`RBLNKVCacheManager.new_step_starts`): registered by the next pass, they name KV that
+    was never computed ("wrong entry" from the oracle, and H or a later request could hit
+    them). Shown failing with the drop removed from new_step_starts: "wrong entry: the
+    prefix-cache entry for 4 tokens of A points at block 1, whose slot 0 does not hold
+    position 0's KV"."""
+    w = s.Workload(
+        "full", (), 4, "sync", "priority", 0, 4, (0, False), 0, (s.Req(0, 20, 0, False, 2, 0, 0, None),)
+    )
+    scheduler = s.make(w, "rbln")
+    driver = h.Driver(scheduler)
+    assert driver.oracle is not None and driver.events is not None
+    connector = scheduler.connector
+    after_alloc = connector.update_state_after_alloc
+    raised: list[str] = []
+
+    def raise_once(request: Any, blocks: Any, num_external_tokens: int) -> Any:
+        if request.request_id == "A" and not raised:
+            raised.append("A")
+            raise RuntimeError("the connector failed after the allocation")
+        return after_alloc(request, blocks, num_external_tokens)
+
+    connector.update_state_after_alloc = raise_once
+    a = h.make_request("A", h.distinct_prompt(1, 20), 2, priority=1, hash_block_size=4)
+    driver.add(a)
+    with pytest.raises(RuntimeError, match="the connector failed"):
+        driver.step()
+    held = [m._step_entries for m in scheduler.kv_cache_manager._sub_block_managers()]
+    assert any("A" in entries for entries in held), "the pass held no entry of A: the test shows nothing"
+    driver.add(h.make_request("H", h.distinct_prompt(2, 40), 2, priority=0, hash_block_size=4))
+    record = driver.step()
+    assert record.num_scheduled_tokens == {"H": 16}, "H must take the whole pass, A none of it"
+    from vllm.v1.core.kv_cache_utils import get_block_hash
+
+    keys = {
+        bytes(get_block_hash(k))
+        for k in scheduler.kv_cache_manager.block_pool.cached_block_hash_to_block._cache
+    }
+    assert not keys & {bytes(x) for x in a.block_hashes}, "an entry of A's, whose KV was never computed"
+    driver.run(80)
+    assert {"A", "H"} <= driver.finished
+    assert not driver.oracle.violations
+
+
+@pytest.mark.parametrize("layout", ["full", "mla", "full+window", "full+2windows", "window"])
+@pytest.mark.parametrize("side", s.SIDES)
+def test_the_oracle_and_the_event_replay_follow_every_layout_of_the_search(layout: str, side: s.Side) -> None:
+    """Every KV cache group of every layout (full attention, MLA, one or two windows, each
+    with its window) is followed by the oracle, and the KV events are replayed on every side,
+    a connector's too (the search's `run` asserts both); a short workload runs clean."""
+    windows = {"full+window": (8,), "full+2windows": (8, 32), "window": (20,)}.get(layout, ())
+    connector = (BLOCK, True) if layout in ("full", "mla") else None
+    reqs = (s.Req(0, 40, 2, False, 4, 0, 0, None), s.Req(0, 30, 5, False, 3, 2, 0, None))
+    w = s.Workload(layout, windows, 4, "sync", "fcfs", 0, 2, connector, 0, reqs)  # type: ignore[arg-type]
+    outcome, driver = s.run(w, side)
+    assert outcome is None
+    assert driver is not None and driver.oracle is not None
+    groups = driver.scheduler.kv_cache_config.kv_cache_groups
+    assert len(driver.oracle.windows) == len(groups) == w.num_groups
+    assert [w_ for w_ in driver.oracle.windows if w_ is not None] == list(windows)
+    assert driver.events is not None and driver.events.num_stored > 0
