@@ -24,6 +24,7 @@ from .pins import Pin
 SERIES_FILE = PROJECT_ROOT / "series"
 PATCHES_DIR = PROJECT_ROOT / "patches"
 EXPORTED_AGAINST_HEADER = "Exported-Against"  # a patch's mail header: Patch.exported_against
+EXPORTED_AGAINST_LINE = re.compile(rf"^{EXPORTED_AGAINST_HEADER}:(.*)$", re.M | re.I)
 EXPORTED_AGAINST = re.compile(r"^#\s*Exported-Against:\s*vllm\s+(\S+)\s*$")
 TRAILER = re.compile(r"^([A-Za-z][A-Za-z0-9-]*):\s+(.*\S)\s*$")
 ORIGIN_KINDS = ("backport", "rbln")
@@ -45,10 +46,10 @@ class Patch:
         return self.path or self.name
 
     @cached_property
-    def _header(self) -> tuple[str, str, str, str]:
-        """(From, Date, Subject, Exported-Against) of the mail header, decoded (RFC 2047) and
-        unfolded. Parsed on first use: a cache hit needs only the patches' bytes and
-        trailers, and importing and running the email parser was a tenth of its time."""
+    def _header(self) -> tuple[str, str, str]:
+        """(From, Date, Subject) of the mail header, decoded (RFC 2047) and unfolded. Parsed
+        on first use: a cache hit needs only the patches' bytes and trailers, and importing
+        and running the email parser was a tenth of its time."""
         import email
         import email.policy
 
@@ -56,8 +57,7 @@ class Patch:
         msg = email.message_from_string(header_text + "\n\n", policy=email.policy.default)
         subject = " ".join(str(msg.get("Subject", "")).split())
         subject = re.sub(r"^\[PATCH[^\]]*\]\s*", "", subject)
-        against = str(msg.get(EXPORTED_AGAINST_HEADER, ""))
-        return str(msg.get("From", "")), str(msg.get("Date", "")), subject, against
+        return str(msg.get("From", "")), str(msg.get("Date", "")), subject
 
     @property
     def author(self) -> str:
@@ -77,9 +77,12 @@ class Patch:
         ``Exported-Against: vllm <pin>``, written by export), or None in a patch without
         one. A shared patch that does not apply to another pin as it stands is merged
         there from this pin's build of it (apply.commit_series_on)."""
-        value = self._header[3].strip()
-        if not value:
+        # A plain ASCII line export writes: read without the email parser (a cache hit's
+        # key names the homes, see pipeline.home_parts).
+        found = EXPORTED_AGAINST_LINE.search(self.text.partition("\n\n")[0])
+        if found is None:
             return None
+        value = found.group(1).strip()
         version = value.removeprefix("vllm").strip()
         try:
             return Pin.parse(version)

@@ -51,12 +51,16 @@ def test_reading_a_patch_leaves_its_mail_header_until_it_is_asked_for() -> None:
     author or date is asked for, and decodes them as before (RFC 2047, folded lines). In a
     fresh interpreter: this one has imported the email package already."""
     text = PATCH.replace("From: Dev <", "From: =?UTF-8?q?Ren=C3=A9_Dev?= <")
+    # The key of a hit names the homes of its shared patches (pipeline.home_parts): their
+    # Exported-Against line is read without the parser too.
+    text = text.replace("\n\n", "\nExported-Against: vllm 0.31.0\n\n", 1)
     code = (
         "import sys\n"
         "import vllm_rbln_fork.cli, vllm_rbln_fork.pipeline\n"
         "from vllm_rbln_fork.series import lint, parse_patch\n"
         f"patch = parse_patch('p.patch', {text.encode()!r})\n"
         "assert lint(patch) == []\n"
+        "assert str(patch.exported_against) == '0.31.0'\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'email'))\n"
         "print(patch.subject)\n"
         "print(patch.author)\n"
@@ -71,6 +75,13 @@ def test_reading_a_patch_leaves_its_mail_header_until_it_is_asked_for() -> None:
         "René Dev <dev@example.invalid>",
         "Tue, 14 Nov 2023 22:13:20 +0000",
     ]
+
+
+def test_an_exported_against_line_that_names_no_pin_is_a_clear_error() -> None:
+    patch = parse_patch("p.patch", PATCH.replace("\n\n", "\nExported-Against: vllm 0.31.x\n\n", 1).encode())
+    with pytest.raises(SeriesError, match=r"Exported-Against: vllm 0\.31\.x.*'vllm <version>'.*export again"):
+        _ = patch.exported_against
+    assert parse_patch("p.patch", PATCH.encode()).exported_against is None
 
 
 def test_not_a_patch_file() -> None:
