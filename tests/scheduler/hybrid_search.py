@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import random
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -59,6 +59,23 @@ class Req:
     priority: int
     abort_at: int | None  # step at which it is aborted, if any
 
+    def prompt(self, i: int, bases: tuple[list[int], ...]) -> list[int]:
+        """The prompt of a workload's ``i``-th request: ``shared`` tokens of its base
+        prompt, then its tail."""
+        own = h.distinct_prompt(100 + i, self.tail)
+        if self.answer:  # the answer so far, then one token of the user's
+            own = [h.SAMPLED_TOKEN] * self.tail + own[:1]
+        return (bases[self.base][: self.shared] + own) or [5]
+
+
+def blocks_per_group(prompts: Sequence[list[int]], requests: Sequence[Req], num_spec: int) -> int:
+    """The blocks the longest request holds in one group: its prompt, its output, two
+    steps of drafts and one slot more."""
+    return max(
+        -(-(len(p) + r.max_tokens + 2 * num_spec + 1) // BLOCK)
+        for p, r in zip(prompts, requests, strict=True)
+    )
+
 
 @dataclass(frozen=True)
 class Workload:
@@ -74,11 +91,7 @@ class Workload:
     requests: tuple[Req, ...]
 
     def prompt(self, i: int) -> list[int]:
-        r = self.requests[i]
-        own = h.distinct_prompt(100 + i, r.tail)
-        if r.answer:  # the answer so far, then one token of the user's
-            own = [h.SAMPLED_TOKEN] * r.tail + own[:1]
-        return (BASES[r.base][: r.shared] + own) or [5]
+        return self.requests[i].prompt(i, BASES)
 
     @property
     def num_groups(self) -> int:
@@ -86,10 +99,8 @@ class Workload:
 
     @property
     def num_blocks(self) -> int:
-        need = max(
-            -(-(len(self.prompt(i)) + r.max_tokens + 2 * self.num_spec + 1) // BLOCK)
-            for i, r in enumerate(self.requests)
-        )
+        prompts = [self.prompt(i) for i in range(len(self.requests))]
+        need = blocks_per_group(prompts, self.requests, self.num_spec)
         return need * self.num_groups + self.spare_blocks + 1
 
 

@@ -17,24 +17,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import sched_harness as h
+from hybrid_search import BLOCK, Req, blocks_per_group
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 EXAMPLES = 120
-BLOCK = 16
 BASES = (h.distinct_prompt(11, 80), h.distinct_prompt(12, 80))
-
-
-@dataclass(frozen=True)
-class Req:
-    base: int
-    shared: int  # tokens of the base prompt the prompt starts with
-    tail: int  # tokens after them: its own, or the model's answer to the base prompt
-    answer: bool  # the tail is what the harness's model samples (a next turn of a chat)
-    max_tokens: int
-    arrival: int
-    priority: int
-    abort_at: int | None  # step at which it is aborted, if any
 
 
 @dataclass(frozen=True)
@@ -49,19 +37,12 @@ class Workload:
     requests: tuple[Req, ...]
 
     def prompt(self, i: int) -> list[int]:
-        r = self.requests[i]
-        own = h.distinct_prompt(100 + i, r.tail)
-        if r.answer:  # the answer so far, then one token of the user's
-            own = [h.SAMPLED_TOKEN] * r.tail + own[:1]
-        return (BASES[r.base][: r.shared] + own) or [5]
+        return self.requests[i].prompt(i, BASES)
 
     @property
     def num_blocks(self) -> int:
-        need = max(
-            -(-(len(self.prompt(i)) + r.max_tokens + 2 * self.num_spec + 1) // BLOCK)
-            for i, r in enumerate(self.requests)
-        )
-        return need + self.spare_blocks + 1
+        prompts = [self.prompt(i) for i in range(len(self.requests))]
+        return blocks_per_group(prompts, self.requests, self.num_spec) + self.spare_blocks + 1
 
 
 @st.composite

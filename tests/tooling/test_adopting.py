@@ -189,6 +189,15 @@ def _tree_and_outside(tmp_path: Path) -> dict[Path, bytes]:
     return {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
 
 
+def _refused_changing_nothing(tmp_path: Path, release: Path, patches: Path, error: type, match: str) -> None:
+    """Applying ``patches`` to ``release`` raises ``error`` matching ``match``, and no file
+    under ``tmp_path`` (the release and what lies beside it) changed."""
+    before = _tree_and_outside(tmp_path)
+    with pytest.raises(error, match=match):
+        apply_adoption_patches(release, adoption_patches("plugin-1.0", root=patches.parent))
+    assert _tree_and_outside(tmp_path) == before
+
+
 @pytest.mark.parametrize("line", ["../outside.py", "plugin/../../outside.py", "/ABS/outside.py"])
 def test_a_deletion_outside_the_tree_is_refused_and_nothing_changes(tmp_path: Path, line: str) -> None:
     """AD1: a deletes line with .. or an absolute path deleted a file outside the tree."""
@@ -196,10 +205,9 @@ def test_a_deletion_outside_the_tree_is_refused_and_nothing_changes(tmp_path: Pa
     outside = tmp_path / "outside.py"
     outside.write_text("keep me\n")
     (patches / "deletes").write_text(line.replace("/ABS", str(tmp_path)) + "\n")
-    before = _tree_and_outside(tmp_path)
-    with pytest.raises(SeriesError, match=r"is not a path inside the release.*correct or drop the line"):
-        apply_adoption_patches(release, adoption_patches("plugin-1.0", root=patches.parent))
-    assert _tree_and_outside(tmp_path) == before
+    _refused_changing_nothing(
+        tmp_path, release, patches, SeriesError, r"is not a path inside the release.*correct or drop the line"
+    )
 
 
 def test_a_deletion_through_a_link_out_of_the_tree_is_refused(tmp_path: Path) -> None:
@@ -208,10 +216,13 @@ def test_a_deletion_through_a_link_out_of_the_tree_is_refused(tmp_path: Path) ->
     (tmp_path / "elsewhere" / "outside.py").write_text("keep me\n")
     (release / "linked").symlink_to(tmp_path / "elsewhere")
     (patches / "deletes").write_text("linked/outside.py\n")
-    before = _tree_and_outside(tmp_path)
-    with pytest.raises(PatchDoesNotApply, match=r"names linked/outside\.py, outside .*nothing was applied"):
-        apply_adoption_patches(release, adoption_patches("plugin-1.0", root=patches.parent))
-    assert _tree_and_outside(tmp_path) == before
+    _refused_changing_nothing(
+        tmp_path,
+        release,
+        patches,
+        PatchDoesNotApply,
+        r"names linked/outside\.py, outside .*nothing was applied",
+    )
 
 
 def test_a_deletion_listed_twice_is_refused_before_anything_changes(tmp_path: Path) -> None:
@@ -219,17 +230,17 @@ def test_a_deletion_listed_twice_is_refused_before_anything_changes(tmp_path: Pa
     release, patches = _release(tmp_path)
     (release / "plugin" / "scheduler.py").write_text("class Scheduler: ...\n")
     (patches / "deletes").write_text("plugin/scheduler.py\n./plugin/scheduler.py\n")
-    before = _tree_and_outside(tmp_path)
-    with pytest.raises(SeriesError, match=r"lists 'plugin/scheduler\.py' twice .*drop one of the lines"):
-        apply_adoption_patches(release, adoption_patches("plugin-1.0", root=patches.parent))
-    assert _tree_and_outside(tmp_path) == before
+    _refused_changing_nothing(
+        tmp_path, release, patches, SeriesError, r"lists 'plugin/scheduler\.py' twice .*drop one of the lines"
+    )
     # Made by hand, bypassing the list's reader: the applier refuses it too, before any patch.
     (patches / "deletes").unlink()
+    before = _tree_and_outside(release)
     listed = adoption_patches("plugin-1.0", root=patches.parent)
     twice = replace(listed, deletions=("plugin/scheduler.py", "plugin/scheduler.py"))
     with pytest.raises(PatchDoesNotApply, match=r"names plugin/scheduler\.py more than once: nothing was"):
         apply_adoption_patches(release, twice)
-    assert _tree_and_outside(release) == {p: b for p, b in before.items() if p.is_relative_to(release)}
+    assert _tree_and_outside(release) == before
 
 
 @pytest.mark.parametrize("name", ["../elsewhere.patch", "sub/a.patch", "/ABS/elsewhere.patch"])
