@@ -179,10 +179,14 @@ def base_upstream(
 class Homes:
     """Each shared patch's commit at the pin it was exported against (its home,
     ``Patch.exported_against``): the 3-way merge's "theirs" where the patch does not apply
-    to another pin as it stands. A home's series is committed on its pin once, on first
-    need (its sdist imported if this machine lacks it), and merges of its own are followed.
+    to another pin as it stands. It is the shared file committed on the home's series up to
+    it (its sdist imported if this machine lacks it), even where that series has since given
+    the home an own form of the patch: the other pins keep building what they built, and a
+    change made at one pin never reaches another unasked. Merges of the home's own are
+    followed.
 
-    ``override``: a home's commits given by name (export checks a series not yet written).
+    ``override``: commits given by pin and patch name, of patches whose shared text they
+    make (export checks a series not yet written).
     ``peer``: a repository to take a pin's upstream commit from before importing its sdist
     (export works in a checkout's clone; the build cache has the pins it built)."""
 
@@ -199,48 +203,75 @@ class Homes:
         self.repo, self.project, self.lock, self.scratch, self.peer = repo, project, lock, scratch, peer
         # A home comes from the index even when the pin built comes from a git or local tree.
         self.spec = spec if spec.kind is SourceKind.INDEX else SourceSpec.parse(None, None)
-        self._commits: dict[Pin, dict[str, str]] = dict(override or {})
-        self._building: set[Pin] = set()
+        self._override = override or {}
+        self._commits: dict[tuple[Pin, str], str] = {}
+        self._building: set[tuple[Pin, str]] = set()
 
     def __call__(self, patch: Patch) -> str:
+        home = patch.exported_against
+        assert home is not None
+        if commit := self._override.get(home, {}).get(patch.name):
+            return commit
+        key = (home, patch.name)
+        if key not in self._commits:
+            if key in self._building:
+                raise PatchDoesNotApply(
+                    f"patches/{patch.name} cannot be merged from vllm {home}: building it there "
+                    f"needs this very merge. Export it again at a supported pin ('python build.py "
+                    f"checkout --pin <pin>', then 'export --rehome')."
+                )
+            self._building.add(key)
+            try:
+                self._commits[key] = self._commit_at_home(home, patch)
+            finally:
+                self._building.discard(key)
+        return self._commits[key]
+
+    def with_commit(self, pin: Pin, name: str, commit: str) -> Homes:
+        """These homes with ``commit`` as ``name``'s at ``pin`` (export's check of a patch
+        it would promote), and nothing built yet (a home's build may merge that patch)."""
+        given = {**self._override, pin: {**self._override.get(pin, {}), name: commit}}
+        return Homes(self.repo, self.project, self.spec, self.lock, self.scratch, given, self.peer)
+
+    def _commit_at_home(self, home: Pin, patch: Patch) -> str:
         from .apply import commit_series_on
         from .series import read_series
 
-        home = patch.exported_against
-        assert home is not None
-        if home not in self._commits:
-            series_file = self.project.series_dir / str(home)
-            if home in self._building or not series_file.is_file():
-                why = (
-                    "merging it there needs this very patch"
-                    if home in self._building
-                    else f"there is no series/{home} to build it from (a retired pin?)"
-                )
-                raise PatchDoesNotApply(
-                    f"patches/{patch.name} does not apply as it stands, and it cannot be merged "
-                    f"from vllm {home}, the pin it was exported against: {why}. A pin is retired "
-                    f"after the shared patches merged from it get another home: with series/{home} "
-                    f"there (restore it from git if it went), 'python build.py checkout --pin "
-                    f"<a supported pin>', then 'python build.py export --dir <tree> --rehome' "
-                    f"(docs/patch-workflow.md)."
-                )
-            self._building.add(home)
-            scratch = self.scratch / f"home-{home}"
-            scratch.mkdir(parents=True, exist_ok=True)
-            with log.phase(f"commit series/{home} on vllm {home}, to merge its shared patches from"):
-                series = read_series(series_file, self.project.patches_dir)
-                built = commit_series_on(self.repo, self.upstream(home), series, scratch, self)
-            self._building.discard(home)
-            self._commits[home] = {a.patch.name: a.commit for a in built if not a.patch.path}
-        commit = self._commits[home].get(patch.name)
-        if commit is None:
+        series_file = self.project.series_dir / str(home)
+        if not series_file.is_file():
+            raise PatchDoesNotApply(
+                f"patches/{patch.name} does not apply as it stands, and it cannot be merged "
+                f"from vllm {home}, the pin it was exported against: there is no series/{home} "
+                f"to build it from (a retired pin?). A pin is retired after the shared patches "
+                f"merged from it get another home: with series/{home} there (restore it from git "
+                f"if it went), 'python build.py checkout --pin <a supported pin>', then 'python "
+                f"build.py export --dir <tree> --rehome' (docs/patch-workflow.md)."
+            )
+        series = read_series(series_file, self.project.patches_dir)
+        names = [p.name for p in series.patches]
+        if patch.name not in names:
             raise PatchDoesNotApply(
                 f"patches/{patch.name} does not apply as it stands, and series/{home} (the pin it "
-                f"was exported against) does not build the shared file, so there is nothing to "
-                f"merge it from. Export it again at a pin whose series names it "
-                f"('python build.py checkout --pin <pin>', then 'export')."
+                f"was exported against) does not name it, so there is nothing to merge it from. "
+                f"Export it again at a pin whose series names it ('python build.py checkout --pin "
+                f"<pin>', then 'export --rehome')."
             )
-        return commit
+        prefix = Series(home, (*series.patches[: names.index(patch.name)], patch), ())
+        scratch = self.scratch / f"home-{home}-{len(self._commits)}"
+        scratch.mkdir(parents=True, exist_ok=True)
+        try:
+            with log.phase(f"commit series/{home} on vllm {home} up to {patch.name}, to merge it from"):
+                built = commit_series_on(self.repo, self.upstream(home), prefix, scratch, self)
+        except PatchDoesNotApply as exc:
+            raise PatchDoesNotApply(
+                f"while committing series/{home} on vllm {home} to merge patches/{patch.name} from: {exc}"
+            ) from None
+        if not built or built[-1].patch is not patch:
+            raise PatchDoesNotApply(
+                f"patches/{patch.name} does not apply as it stands, and at vllm {home}, the pin it "
+                f"was exported against, its trailer drops it: there is nothing to merge it from."
+            )
+        return built[-1].commit
 
     def upstream(self, pin: Pin) -> Upstream:
         """``pin``'s upstream commit in ``repo``: fetched from ``peer`` if it has it, else
@@ -261,19 +292,26 @@ class Homes:
 
 
 def home_parts(project: Project, series: Series, lock: PinsLock) -> list[str]:
-    """What a build may merge from, for the wheel cache key: each other home of the
-    series' shared patches, its series (order and bytes) and its sdist's recorded hash."""
+    """What a build may merge from, for the wheel cache key: each home of the series' shared
+    patches other than its own pin, and theirs in turn (a home's build merges too), with its
+    series (order and bytes) and its sdist's recorded hash."""
     from .series import read_series
 
-    parts = []
-    homes = {p.exported_against for p in series.patches if not p.path} - {series.exported_against, None}
-    for home in sorted(h for h in homes if h is not None):
-        series_file = project.series_dir / str(home)
-        fingerprint = "-"
-        if series_file.is_file():
-            fingerprint = read_series(series_file, project.patches_dir).fingerprint
-        locked = lock.get(home)
-        parts.append(f"home {home} {fingerprint} {locked.sha256 if locked else '-'}")
+    parts: list[str] = []
+    seen = {series.exported_against}
+    todo = [series]
+    while todo:
+        homes = {p.exported_against for p in todo.pop().patches if not p.path} - seen - {None}
+        for home in sorted(h for h in homes if h is not None):
+            seen.add(home)
+            series_file = project.series_dir / str(home)
+            fingerprint = "-"
+            if series_file.is_file():
+                home_series = read_series(series_file, project.patches_dir)
+                fingerprint = home_series.fingerprint
+                todo.append(home_series)
+            locked = lock.get(home)
+            parts.append(f"home {home} {fingerprint} {locked.sha256 if locked else '-'}")
     return parts
 
 

@@ -349,13 +349,17 @@ def _shared_gives_same(repo: Repo, commit: str, pin: Pin, shared: Patch, text: s
         return tree == repo.tree_of(commit)
 
 
-def _merge_failure(repo: Repo, name: str, text: str, pins: list[Pin], project: Project, homes: Homes) -> str:
-    """Why the shared ``patches/<name>`` rewritten as ``text`` (this pin's form) would not
-    build at one of ``pins``, whose series name it (its series built with it, merges and all,
-    as their builds will), or "" if it builds at every one."""
+def _merge_failure(
+    repo: Repo, name: str, text: str, commit: str, pins: list[Pin], project: Project, homes: Homes
+) -> str:
+    """Why the shared ``patches/<name>`` rewritten as ``text`` (this pin's form, made by
+    ``commit``) would not build at one of ``pins``, whose series name it (its series built
+    with it, merges and all, as their builds will), or "" if it builds at every one."""
     from .apply import commit_series_on
 
     candidate = parse_patch(name, text.encode())
+    assert candidate.exported_against is not None  # export wrote it: this pin
+    homes = homes.with_commit(candidate.exported_against, name, commit)
     for other in pins:
         series = read_series(project.series_dir / str(other), project.patches_dir)
         patches = tuple(candidate if p.name == name and not p.path else p for p in series.patches)
@@ -367,8 +371,20 @@ def _merge_failure(repo: Repo, name: str, text: str, pins: list[Pin], project: P
     return ""
 
 
+def _shared_text(project: Project, name: str) -> str | None:
+    path = project.patches_dir / name
+    return path.read_text() if path.is_file() else None
+
+
 def _why_not_promotable(
-    repo: Repo, root: str, old: Patch, text: str, pins: list[Pin], project: Project, homes: Homes
+    repo: Repo,
+    root: str,
+    old: Patch,
+    text: str,
+    commit: str,
+    pins: list[Pin],
+    project: Project,
+    homes: Homes,
 ) -> str:
     """Why ``text`` may not replace the shared ``old`` for every pin that names it ("" if it
     may). A patch of the fork's own files must start from the shared one's file contents; a
@@ -382,7 +398,7 @@ def _why_not_promotable(
         if _preimages(old.text) != _preimages(text):
             return f"it starts from other file contents than the shared patches/{old.name}"
         return ""
-    return _merge_failure(repo, old.name, text, pins, project, homes)
+    return _merge_failure(repo, old.name, text, commit, pins, project, homes)
 
 
 def _write_pin_series(
@@ -445,7 +461,9 @@ def _write_pin_series(
     not_promotable: dict[str, str] = {}
     redundant: dict[str, str] = {}
     # A shared patch's home (the pin it was exported against) is committed in this clone on
-    # first need; this pin's commits stand for its own series, which is being written.
+    # first need. This pin's commits stand for the shared patches they leave as they are
+    # (the series on disk is being rewritten); a changed one, not yet promoted, is not the
+    # shared file.
     # Not under the cache's tmp/: a build taking the lock sweeps it, and export runs without it.
     scratch = Path(tempfile.mkdtemp(prefix="vllm-rbln-export-"))
     homes = Homes(
@@ -454,7 +472,7 @@ def _write_pin_series(
         SourceSpec.parse(None, None),
         PinsLock(project.pins_lock),
         scratch,
-        override={pin: commit_of},
+        override={pin: {n: commit_of[n] for n, text in rendered.items() if _shared_text(project, n) == text}},
         peer=upstream_repo_dir(),
     )
     try:
@@ -473,7 +491,9 @@ def _write_pin_series(
                 if (own := project.patches_dir / str(pin) / name).is_file():
                     redundant[name] = str(own.relative_to(project.root))
             elif (promote or rehome) and not (
-                why := _why_not_promotable(repo, root, old, text, naming[name], project, homes)
+                why := _why_not_promotable(
+                    repo, root, old, text, commit_of[name], naming[name], project, homes
+                )
             ):
                 entries.append(name)
                 writes[shared] = text

@@ -478,3 +478,66 @@ def test_a_new_pin_spelled_otherwise_than_its_sdist_is_refused(fork) -> None:
         build(Pin.parse("1.1.0"), fork.spec(), fork.project)
     assert fork.project.pins_lock.read_text() == lock
     assert not fork.project.dist_dir.exists() or not list(fork.project.dist_dir.iterdir())
+
+
+BACKPORT = "count-one-more-slot-at-admission.patch"
+
+
+def test_a_change_at_the_home_pin_without_promote_leaves_the_pins_merging_it_as_they_were(
+    fork: Any, tmp_path: Path
+) -> None:
+    """1.1 merges the backport from 1.0, its home. A change to it made at 1.0 and exported
+    without --promote is 1.0's own form; 1.1 goes on building the shared file, merged from
+    1.0's series up to it, to the very tree it built before (a hostile review: 1.1 had
+    nothing left to merge from, and every way out the message named failed too)."""
+    from vllm_rbln_fork.workflow import checkout
+
+    export(_moved_to_1_1(fork, tmp_path), fork.project)
+    (fork.project.root / "pins.toml").write_text(
+        '[pin."1.0"]\ntest-lock = "test.lock"\n[pin."1.1"]\ntest-lock = "test.lock"\n'
+    )
+    before = build(Pin.parse("1.1"), fork.spec(), fork.project).manifest.patched_tree
+    fix = checkout(Pin.parse("1.0"), fork.spec(), fork.project, tmp_path / "fix")
+    repo = Repo(fix, bare=False)
+    padding = repo.out("rev-parse", "HEAD").strip()
+    repo.run("reset", "-q", "--hard", "HEAD~1", cwd=fix, in_work_tree=True)
+    gate = fix / "vllm/core/gate.py"
+    gate.write_text(gate.read_text().replace("prompt_tokens + 1", "prompt_tokens + 2"))
+    repo.run("commit", "-q", "-a", "--amend", "--no-edit", env=DEV, cwd=fix, in_work_tree=True)
+    repo.run("cherry-pick", padding, env=DEV, cwd=fix, in_work_tree=True)
+    result = export(fix, fork.project)
+    assert list(result.kept_own) == [BACKPORT] and f"patches/1.0/{BACKPORT}" in result.changed
+    after = build(Pin.parse("1.1"), fork.spec(), fork.project, use_cache=False).manifest.patched_tree
+    assert after == before
+    at_1_0 = checkout(Pin.parse("1.0"), fork.spec(), fork.project, tmp_path / "at-1.0")
+    assert "prompt_tokens + 2" in (at_1_0 / "vllm/core/gate.py").read_text()
+
+
+def test_a_home_that_does_not_build_says_so_each_time_it_is_asked(fork: Any, tmp_path: Path) -> None:
+    """A home whose series no longer builds (its padding patch damaged by hand): merging from
+    it says, each time, that committing the home failed and why (a hostile review: the second
+    ask said the merge needed itself, and pointed at retiring a pin)."""
+    from vllm_rbln_fork.errors import PatchDoesNotApply
+
+    export(_moved_to_1_1(fork, tmp_path), fork.project)
+    (fork.project.root / "pins.toml").write_text(
+        '[pin."1.0"]\ntest-lock = "test.lock"\n[pin."1.1"]\ntest-lock = "test.lock"\n'
+    )
+    padding = fork.project.patches_dir / PADDING_PATCH
+    backport = fork.project.patches_dir / BACKPORT
+    # The backport stays; the 1.0 series breaks before it: the padding patch moved first.
+    series_1_0 = fork.project.root / "series" / "1.0"
+    series_1_0.write_text(
+        series_1_0.read_text().replace(f"{BACKPORT}\n{PADDING_PATCH}\n", f"{PADDING_PATCH}\n{BACKPORT}\n")
+    )
+    damaged = padding.read_text().replace("\n-    return 0\n", "\n-    return 7\n")
+    assert damaged != padding.read_text()
+    padding.write_text(damaged)
+    assert backport.is_file()
+    for _ in range(2):
+        with pytest.raises(
+            PatchDoesNotApply,
+            match=rf"while committing series/1\.0 on vllm 1\.0 to merge patches/{BACKPORT} from: "
+            rf"patches/{PADDING_PATCH} does not apply to vllm 1\.0",
+        ):
+            build(Pin.parse("1.1"), fork.spec(), fork.project, use_cache=False)
