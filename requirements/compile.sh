@@ -49,6 +49,7 @@ compile test "the build lock plus what \`python build.py test\` needs (pytest, t
 compile dev "the test lock plus what development needs (\`python build.py lint\`: ruff, mypy)." "$@"
 compile vllm-test "vLLM's runtime dependencies for the scheduler and conformance tiers (their own venv)." "$@"
 compile vllm-test-0.32 "vLLM 0.32.0's and 0.33.0's runtime dependencies for the scheduler and conformance tiers (pins.toml)." "$@"
+compile vllm-test-0.34 "vLLM 0.34.0's runtime dependencies for the scheduler and conformance tiers (pins.toml)." "$@"
 compile vllm-test-0.30 "vLLM 0.30.0's runtime dependencies for the parity tier's reference venv (docs/parity.md)." "$@"
 compile consumer "numba for the consumer tier's venv, beside a pin's vLLM test lock (docs/adopting.md)." "$@"
 # Installed with --no-deps (its own pins name the RBLN device stack): its dependencies stay out.

@@ -285,8 +285,6 @@ DECODES_32 = Workload(
 def time_decodes(side: str, steps: int) -> dict[str, Any]:
     """CPU seconds of one ``schedule()`` + ``update_from_output()`` with 32 requests decoding,
     the mean over ``steps`` steps after every request has started decoding."""
-    from vllm.v1.outputs import ModelRunnerOutput
-
     w = DECODES_32
     scheduler = make_ours(w) if side == OURS else make_vllm_rbln(w)
     driver = h.Driver(scheduler)
@@ -303,14 +301,7 @@ def time_decodes(side: str, steps: int) -> dict[str, Any]:
         output = scheduler.schedule()
         spent += time.process_time() - start
         req_ids = list(output.num_scheduled_tokens)
-        model_output = ModelRunnerOutput(
-            req_ids=req_ids,
-            req_id_to_index={r: i for i, r in enumerate(req_ids)},
-            sampled_token_ids=[[h.SAMPLED_TOKEN] for _ in req_ids],
-            logprobs=None,
-            prompt_logprobs_dict={},
-            pooler_output=[],
-        )
+        model_output = h.runner_output(req_ids, [[h.SAMPLED_TOKEN] for _ in req_ids])
         start = time.process_time()
         scheduler.update_from_output(output, model_output)
         spent += time.process_time() - start

@@ -48,6 +48,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from cached_blocks import cached_blocks
+
 if TYPE_CHECKING:
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.core.sched.scheduler import Scheduler
@@ -306,13 +308,12 @@ class KVOracle:
         if not pool.enable_caching:
             return
         self._checked_entries = {e for e in self._checked_entries if e[1] not in touched}
-        for key, blocks in pool.cached_block_hash_to_block._cache.items():
-            for block in blocks.values() if isinstance(blocks, dict) else (blocks,):
-                entry = (key, block.block_id)
-                if entry in self._checked_entries:
-                    continue
-                self._checked_entries.add(entry)
-                self._check_entry(bytes(get_block_hash(key)), block.block_id)
+        for key, block in cached_blocks(pool):
+            entry = (key, block.block_id)
+            if entry in self._checked_entries:
+                continue
+            self._checked_entries.add(entry)
+            self._check_entry(bytes(get_block_hash(key)), block.block_id)
 
     def _check_entry(self, block_hash: bytes, block_id: int) -> None:
         source = self._hash_source.get(block_hash)

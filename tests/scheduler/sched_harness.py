@@ -134,6 +134,26 @@ def create_scheduler(*, scheduler_cls: Any = None, **kwargs: Any) -> Scheduler:
     return scheduler
 
 
+def runner_output(req_ids: list[str], sampled: list[list[int]], **fields: Any) -> Any:
+    """vLLM's `ModelRunnerOutput` for a step of `req_ids`, at every pin: up to 0.33.0
+    it also takes the required `req_id_to_index`, which 0.34.0 dropped (rows are
+    `req_ids`' order)."""
+    import dataclasses
+
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    if "req_id_to_index" in {f.name for f in dataclasses.fields(ModelRunnerOutput)}:
+        fields["req_id_to_index"] = {req_id: i for i, req_id in enumerate(req_ids)}
+    return ModelRunnerOutput(
+        req_ids=req_ids,
+        sampled_token_ids=sampled,
+        logprobs=None,
+        prompt_logprobs_dict={},
+        pooler_output=[],
+        **fields,
+    )
+
+
 def make_request(
     request_id: str,
     prompt_token_ids: Sequence[int],
@@ -388,7 +408,7 @@ class Driver:
 
     def _update(self, batch: _Batch) -> None:
         from vllm.v1.engine import EngineCoreEventType
-        from vllm.v1.outputs import DraftTokenIds, KVConnectorOutput, ModelRunnerOutput
+        from vllm.v1.outputs import DraftTokenIds, KVConnectorOutput
         from vllm.v1.request import RequestStatus
 
         scheduler = self.scheduler
@@ -405,13 +425,9 @@ class Driver:
         if self.oracle is not None:
             self.oracle.loads_landed(finished_recving)
 
-        model_output = ModelRunnerOutput(
-            req_ids=batch.req_ids,
-            req_id_to_index={req_id: i for i, req_id in enumerate(batch.req_ids)},
-            sampled_token_ids=batch.sampled,
-            logprobs=None,
-            prompt_logprobs_dict={},
-            pooler_output=[],
+        model_output = runner_output(
+            batch.req_ids,
+            batch.sampled,
             kv_connector_output=(
                 KVConnectorOutput(finished_recving=finished_recving) if finished_recving else None
             ),

@@ -13,6 +13,7 @@ from typing import Any
 import hybrid_search as s
 import pytest
 import sched_harness as h
+from cached_blocks import cached_blocks
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -150,10 +151,7 @@ def test_a_pass_that_raises_after_an_allocation_registers_none_of_its_entries() 
     assert record.num_scheduled_tokens == {"H": 16}, "H must take the whole pass, A none of it"
     from vllm.v1.core.kv_cache_utils import get_block_hash
 
-    keys = {
-        bytes(get_block_hash(k))
-        for k in scheduler.kv_cache_manager.block_pool.cached_block_hash_to_block._cache
-    }
+    keys = {bytes(get_block_hash(k)) for k, _block in cached_blocks(scheduler.kv_cache_manager.block_pool)}
     assert not keys & {bytes(x) for x in a.block_hashes}, "an entry of A's, whose KV was never computed"
     driver.run(80)
     assert {"A", "H"} <= driver.finished

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import sched_harness as h
+from cached_blocks import cached_blocks
 from kv_oracle import KVContentsError, KVOracle
 
 
@@ -182,8 +183,8 @@ def test_the_oracle_fails_a_stale_entry() -> None:
     oracle = driver.oracle
     assert oracle is not None
     pool = scheduler.kv_cache_manager.block_pool
-    blocks = next(iter(pool.cached_block_hash_to_block._cache.values()))
-    block_id = blocks.block_id if not isinstance(blocks, dict) else next(iter(blocks))
+    _key, block = next(cached_blocks(pool))
+    block_id = block.block_id
     oracle._check_entries(set())  # every entry holds what it claims
     # The entry's block forgets its KV, as if its tokens had never been computed.
     for slot in [s for s in oracle._slots if s[0] == block_id]:

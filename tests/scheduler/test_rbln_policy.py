@@ -322,8 +322,6 @@ def test_async_scheduling_without_a_drafter_warns(caplog: pytest.LogCaptureFixtu
 def _finish_step(scheduler: Scheduler, output: Any) -> None:
     """The model runner's answer to one scheduled step: every request that
     reached the end of its sequence samples one token."""
-    from vllm.v1.outputs import ModelRunnerOutput
-
     req_ids = list(output.num_scheduled_tokens)
     sampled = [
         [h.SAMPLED_TOKEN]
@@ -333,14 +331,7 @@ def _finish_step(scheduler: Scheduler, output: Any) -> None:
     ]
     scheduler.update_from_output(
         output,
-        ModelRunnerOutput(
-            req_ids=req_ids,
-            req_id_to_index={r: i for i, r in enumerate(req_ids)},
-            sampled_token_ids=sampled,
-            logprobs=None,
-            prompt_logprobs_dict={},
-            pooler_output=[],
-        ),
+        h.runner_output(req_ids, sampled),
     )
 
 
@@ -388,7 +379,7 @@ def test_a_non_last_pp_stage_gets_the_tokens_it_may_lag_by() -> None:
 
     Shown failing first on 0.31.0+rbln.12 (payloads of 1 token, from the
     computed count)."""
-    from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
+    from vllm.v1.outputs import DraftTokenIds
 
     scheduler = make(
         pipeline_parallel_size=2,
@@ -426,14 +417,7 @@ def test_a_non_last_pp_stage_gets_the_tokens_it_may_lag_by() -> None:
             sampled.append([h.DRAFT_TOKEN] * min(2, drafts) + [h.SAMPLED_TOKEN])
         scheduler.update_from_output(
             output,
-            ModelRunnerOutput(
-                req_ids=req_ids,
-                req_id_to_index={r: i for i, r in enumerate(req_ids)},
-                sampled_token_ids=sampled,
-                logprobs=None,
-                prompt_logprobs_dict={},
-                pooler_output=[],
-            ),
+            h.runner_output(req_ids, sampled),
         )
         drafting = [r.request_id for r in scheduler.running if not r.is_prefill_chunk]
         if drafting:

@@ -24,6 +24,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from cached_blocks import cached_blocks
+
 Key = tuple[Any, int]  # (external block hash, KV cache group)
 
 
@@ -96,9 +98,8 @@ class EventReplay:
         from vllm.v1.core.kv_cache_utils import get_block_hash, get_group_id, maybe_convert_block_hash
 
         pool: Counter[Key] = Counter()
-        for key, blocks in block_pool.cached_block_hash_to_block._cache.items():
-            external = (maybe_convert_block_hash(get_block_hash(key)), get_group_id(key))
-            pool[external] += len(blocks) if isinstance(blocks, dict) else 1
+        for key, _block in cached_blocks(block_pool):
+            pool[(maybe_convert_block_hash(get_block_hash(key)), get_group_id(key))] += 1
         if pool != self.held:
             missing = pool - self.held
             extra = self.held - pool
