@@ -310,10 +310,15 @@ def run(w: Workload, side: Side, *, raise_errors: bool = False) -> tuple[Outcome
 
 
 def random_workload(
-    rng: random.Random, *, layouts: tuple[Layout, ...], connector: bool | None = None
+    rng: random.Random,
+    *,
+    layouts: tuple[Layout, ...],
+    connector: bool | None = None,
+    sub_blocks: tuple[int | None, ...] = (4, 4, 8),
 ) -> Workload:
     """A workload drawn from ``rng`` (the bench's seeds; the tier's hypothesis strategy draws
-    the same fields). ``connector``: always, never, or (None) one in three sync workloads."""
+    the same fields). ``connector``: always, never, or (None) one in three sync workloads.
+    ``sub_blocks``: the sub-block sizes drawn from (None: whole blocks on every side)."""
     layout = rng.choice(layouts)
     mode = rng.choice(["sync", "sync", "async", "pp2"])
     windows: tuple[int, ...] = ()
@@ -339,7 +344,7 @@ def random_workload(
     return Workload(
         layout=layout,
         windows=windows,
-        sub_block=rng.choice([4, 4, 8]),
+        sub_block=rng.choice(sub_blocks),
         mode=mode,
         policy=rng.choice(["fcfs", "priority"]),
         num_spec=rng.choice([0, 3]),

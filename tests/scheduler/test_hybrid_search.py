@@ -57,6 +57,36 @@ def test_upstreams_scheduler_on_the_same_hybrid_workloads(seed: int) -> None:
     _clean(dataclasses.replace(w, mode="sync"), "upstream")
 
 
+# -- one full-attention group: the former one-group search (test_kv_contents_search.py) ----
+
+# The one-group search drew 120 examples a side; it is now the "full" layout of this search
+# (the oracle, the event replay and the stall check on every example), with whole blocks
+# among the sizes and every mode, a connector in one in three sync workloads.
+ONE_GROUP_EXAMPLES = int(os.environ.get("VLLM_RBLN_SEARCH_EXAMPLES", "100"))
+ONE_GROUP_SETTINGS = settings(SETTINGS, max_examples=ONE_GROUP_EXAMPLES)
+
+
+def _one_group(seed: int) -> s.Workload:
+    return s.random_workload(random.Random(seed), layouts=("full",), sub_blocks=(None, 4, 8))
+
+
+@ONE_GROUP_SETTINGS
+@given(seed=st.integers(0, 2**32 - 1))
+def test_the_rbln_scheduler_never_hands_out_wrong_kv_on_one_group(seed: int) -> None:
+    """One full-attention group: shared and multi-turn prefixes, one-token prompts, sub-blocks
+    of 4 and 8 and whole blocks, small pools, fcfs and priority, drafts with random
+    acceptance, aborts, async scheduling, PP 2 and connector loads: no wrong KV, no event the
+    pool contradicts, no stall, every request not aborted finished."""
+    _clean(_one_group(seed))
+
+
+@ONE_GROUP_SETTINGS
+@given(seed=st.integers(0, 2**32 - 1))
+def test_upstreams_scheduler_never_hands_out_wrong_kv_on_one_group(seed: int) -> None:
+    """The control on the same workloads, whole blocks, every mode and the connector."""
+    _clean(_one_group(seed), "upstream")
+
+
 # -- issue 51: a sub-block hit cut back to whole blocks in a sliding-window group -----------
 
 
