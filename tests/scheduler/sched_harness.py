@@ -107,6 +107,21 @@ def load_harness_from_env() -> str | None:
     return None
 
 
+def _vllm_release() -> tuple[int, int]:
+    from importlib.metadata import version
+
+    major, minor = version("vllm").split(".")[:2]
+    return int(major), int(minor)
+
+
+# vLLM 0.34.0 sends a resumed request as new, its tokens in `prefill_token_ids`: the V2
+# model runner's form, the only one from then on (`use_v2_model_runner`,
+# `CachedRequestData.resumed_req_ids` and `.all_token_ids` are gone).
+ONE_RUNNER_FORM = _vllm_release() >= (0, 34)
+# What asks the harness for a V1 model runner's output (vllm-rbln's runner is one).
+V1_RUNNER: dict[str, Any] = {} if ONE_RUNNER_FORM else {"use_v2_model_runner": False}
+
+
 def create_scheduler(*, scheduler_cls: Any = None, **kwargs: Any) -> Scheduler:
     """vLLM's `tests/v1/core/utils.create_scheduler`, taking `scheduler_cls` at
     every pin. Its `scheduler_cls` parameter is new in vLLM 0.31.0; at an older

@@ -101,8 +101,8 @@ class ContractRunner:
         # 3. The copies of sub-block hits.
         # A copy belongs to a request the step admits (new, or resumed), whatever else the
         # step holds: a decode-ready admission brings its copy into a decode step.
-        admitted = {data.req_id for data in output.scheduled_new_reqs} | set(
-            output.scheduled_cached_reqs.resumed_req_ids
+        admitted = {data.req_id for data in output.scheduled_new_reqs} | _resumed(
+            output.scheduled_cached_reqs
         )
         for copy in output.kv_cache_block_copies or ():
             self.copies += 1
@@ -130,11 +130,14 @@ class ContractRunner:
         if scheduler.use_pp and not scheduler.scheduler_config.async_scheduling:
             assert len(cached.new_token_ids) == len(cached.req_ids)
             for data in output.scheduled_new_reqs:
-                self.stage[data.req_id] = list(data.prompt_token_ids)
+                # A resumed request's prompt and outputs, from 0.34.0.
+                tokens = data.prefill_token_ids if h.ONE_RUNNER_FORM else data.prompt_token_ids
+                self.stage[data.req_id] = list(tokens)
             for i, req_id in enumerate(cached.req_ids):
                 request = scheduler.requests[req_id]
-                if req_id in cached.all_token_ids:
-                    self.stage[req_id] = list(cached.all_token_ids[req_id])
+                whole = getattr(cached, "all_token_ids", {})  # up to 0.33.0
+                if req_id in whole:
+                    self.stage[req_id] = list(whole[req_id])
                 copy = self.stage[req_id]
                 payload = list(cached.new_token_ids[i])
                 tip = cached.num_computed_tokens[i] + base[req_id]
@@ -165,8 +168,9 @@ class ContractRunner:
         assert set(new_ids) | set(cached.req_ids) == set(output.num_scheduled_tokens)
         for req_id in new_ids:
             if req_id in self.ever_scheduled:
-                # Only with the V2 model runner: a resumed request comes as new.
-                assert self.scheduler.use_v2_model_runner, f"{req_id} is new twice"
+                # With the V2 model runner (the only form from 0.34.0): a resumed
+                # request comes as new, with every token it has.
+                assert getattr(self.scheduler, "use_v2_model_runner", True), f"{req_id} is new twice"
                 assert req_id in self.preempted, f"{req_id} is new again, never preempted"
                 self.preempted.discard(req_id)
                 self.resumed += 1
@@ -176,14 +180,18 @@ class ContractRunner:
         for req_id in cached.req_ids:
             assert req_id in self.ever_scheduled
             # Resumed exactly when preempted since it was last scheduled.
-            assert (req_id in cached.resumed_req_ids) == (req_id in self.preempted), req_id
-            if req_id in cached.resumed_req_ids:
+            assert (req_id in _resumed(cached)) == (req_id in self.preempted), req_id
+            if req_id in _resumed(cached):
                 self.resumed += 1
             elif req_id not in self.last_step:
                 self.cached_after_a_gap += 1
-        assert cached.resumed_req_ids <= set(cached.req_ids)
-        if self.scheduler.use_v2_model_runner:
-            assert not cached.resumed_req_ids
+        assert _resumed(cached) <= set(cached.req_ids)
+        if getattr(self.scheduler, "use_v2_model_runner", True):
+            assert not _resumed(cached)
+        for data in output.scheduled_new_reqs:
+            if h.ONE_RUNNER_FORM:  # 0.34.0: every token, a resumed request's outputs too
+                request = self.scheduler.requests[data.req_id]
+                assert list(data.prefill_token_ids) == list(request.all_token_ids), data.req_id
         self.ever_scheduled.update(output.num_scheduled_tokens)
 
     def _computed_before(self, output: Any) -> dict[str, int]:
@@ -201,7 +209,7 @@ class ContractRunner:
             self.tables[data.req_id] = list(data.block_ids[0])
         cached = output.scheduled_cached_reqs
         for req_id, new_blocks in zip(cached.req_ids, cached.new_block_ids, strict=True):
-            if req_id in cached.resumed_req_ids:
+            if req_id in _resumed(cached):
                 # Resumed: the whole table, replacing the old one.
                 assert new_blocks is not None
                 self.tables[req_id] = list(new_blocks[0])
@@ -209,6 +217,11 @@ class ContractRunner:
             elif new_blocks is not None:
                 # Running: the blocks added since it was last scheduled.
                 self.tables[req_id].extend(new_blocks[0])
+
+
+def _resumed(cached: Any) -> set[str]:
+    """The requests `cached` says were resumed: none from 0.34.0, which sends them as new."""
+    return set(getattr(cached, "resumed_req_ids", ()))
 
 
 class ContractDriver(h.Driver):
@@ -235,7 +248,8 @@ def drive(scheduler: Any, accept: Callable[[str, int], int] | None = None, **kwa
 def make(**kwargs: Any) -> Any:
     kwargs.setdefault("max_model_len", 512)
     # vllm-rbln's runner is a V1 model runner (the harness defaults to V2 from 0.32.0).
-    kwargs.setdefault("use_v2_model_runner", False)
+    for key, value in h.V1_RUNNER.items():
+        kwargs.setdefault(key, value)
     return h.make_scheduler(**kwargs)
 
 
@@ -295,8 +309,12 @@ def test_the_phase_statement_fails_on_upstreams_scheduler() -> None:
         run_mixed(scheduler)
 
 
-@pytest.mark.parametrize("v2", [False, True], ids=["v1-runner", "v2-runner"])
-def test_new_resumed_and_cached_requests(v2: bool) -> None:
+@pytest.mark.parametrize(
+    "v2",
+    [None] if h.ONE_RUNNER_FORM else [False, True],
+    ids=["one-runner-form"] if h.ONE_RUNNER_FORM else ["v1-runner", "v2-runner"],
+)
+def test_new_resumed_and_cached_requests(v2: bool | None) -> None:
     """`scheduled_new_reqs`: a request's first scheduling, with its whole block table.
     `scheduled_cached_reqs`: every other scheduled request; `resumed_req_ids` names the
     ones preempted since they last ran, whose `new_block_ids` replace their table; for
@@ -304,7 +322,8 @@ def test_new_resumed_and_cached_requests(v2: bool) -> None:
     they sat out. Checked against the scheduler's block tables every step, under a pool
     small enough to preempt. With the V2 model runner a resumed request comes in
     `scheduled_new_reqs` instead, with its whole table, and `resumed_req_ids` is empty."""
-    scheduler = make(num_blocks=14, max_num_batched_tokens=32, use_v2_model_runner=v2)
+    runner_form = {} if v2 is None else {"use_v2_model_runner": v2}
+    scheduler = make(num_blocks=14, max_num_batched_tokens=32, **runner_form)
     driver = drive(scheduler)
     for i in range(5):
         driver.add(h.named_request(f"r{i}", 30, 40))
@@ -342,7 +361,7 @@ def test_a_landed_kv_load_is_a_new_request_with_one_token() -> None:
         scheduler_cls=scheduler_cls,  # type: ignore[arg-type]
         block_size=BLOCK,
         max_model_len=512,
-        use_v2_model_runner=False,
+        **h.V1_RUNNER,
     )
     driver = drive(scheduler, async_load_steps=2)
     for i in range(3):
@@ -367,7 +386,7 @@ def _sub_block_scheduler(sub_block_size: int) -> Any:
         max_num_batched_tokens=16,
         max_model_len=256,
         enable_prefix_caching=True,
-        use_v2_model_runner=False,
+        **h.V1_RUNNER,
     )
 
 
@@ -441,7 +460,11 @@ def test_a_non_last_stage_gets_the_base_tokens(drafts: bool) -> None:
         assert [some_drafts_accepted(f"pp{i}", SPEC) for i in range(4)] == [0, 1, 2, 3]
         # pp3's 33-token prompt ends in a one-token chunk, which runs in a decode step
         # without drafts: the step after it finds the stage 1 short.
-        assert runner.stage_lags == {"pp0": {1}, "pp1": {2}, "pp2": {3}, "pp3": {1, 4}}
+        # From 0.34.0 a request back from a step it sat out is sent no whole list
+        # (`all_token_ids` is gone): after its prompt's last step the stage is 1 short
+        # (the token sampled there), and the payload reaches back to it.
+        back = {1} if h.ONE_RUNNER_FORM else set()
+        assert runner.stage_lags == {"pp0": {1}, "pp1": {2} | back, "pp2": {3} | back, "pp3": {1, 4}}
     else:
         assert runner.stage_lags == {f"pp{i}": {1} for i in range(4)}
     h.assert_all_blocks_free(scheduler)
