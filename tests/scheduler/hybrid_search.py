@@ -4,8 +4,7 @@ KV-contents oracle (kv_oracle.py), the KV events replayed after every update, an
 counted as a failure.
 
 A workload is a layout (one full-attention group, MLA, full attention next to one or two
-sliding windows, a window alone, full attention next to chunked local attention), a
-sub-block size (4, or whole blocks), a mode (sync, async
+sliding windows, a window alone), a sub-block size (4, or whole blocks), a mode (sync, async
 scheduling, pipeline parallelism 2), a policy, drafts, a pool, an optional connector (sync or
 async loads of every prompt's first block) and 2-6 requests sharing prefixes of two base
 prompts. Each runs on three sides:
@@ -44,17 +43,7 @@ MAX_STEPS = 400
 STALL_STEPS = 30
 BASES = (h.distinct_prompt(11, 96), h.distinct_prompt(12, 96))
 
-# "full+chunked": full attention next to chunked local attention (Llama 4's layout). Whole
-# blocks only: RBLNHybridKVCacheCoordinator asserts that every cacheable group has a sub-block
-# form (EveryHashBoundaryManager), and vllm/v1/core/sched/rbln_kv_cache.py has none for
-# upstream's ChunkedLocalAttentionManager, so sub-block caching cannot be built on it; the
-# RBLN policy runs over upstream's KV cache classes there.
-# Not a layout: KV cache groups of differing block sizes. Upstream's HybridKVCacheCoordinator
-# (0.31.0) takes them (each group's block size dividing scheduler_block_size), but not next to
-# chunked local attention (ChunkedLocalAttentionManager.find_longest_cache_hit asserts its
-# block size is the alignment), and the oracle addresses slots with one block size
-# (KVOracle.applies refuses them).
-Layout = Literal["full", "mla", "full+window", "full+2windows", "window", "full+chunked"]
+Layout = Literal["full", "mla", "full+window", "full+2windows", "window"]
 Side = Literal["rbln", "upstream", "upstream-sub"]
 SIDES: tuple[Side, ...] = ("rbln", "upstream", "upstream-sub")
 
@@ -100,14 +89,13 @@ class Workload:
     connector: tuple[int, bool] | None  # (matched tokens, async load)
     accept_seed: int
     requests: tuple[Req, ...]
-    chunks: tuple[int, ...] = ()  # one per chunked local attention group
 
     def prompt(self, i: int) -> list[int]:
         return self.requests[i].prompt(i, BASES)
 
     @property
     def num_groups(self) -> int:
-        return len(self.windows) + len(self.chunks) + (0 if self.layout == "window" else 1)
+        return len(self.windows) + (0 if self.layout == "window" else 1)
 
     @property
     def num_blocks(self) -> int:
@@ -130,12 +118,7 @@ def groups(w: Workload) -> list[Any] | None:
     """The workload's KV cache groups (None: the harness's one group, full attention or MLA
     through `kv_cache_spec`)."""
     import torch
-    from vllm.v1.kv_cache_interface import (
-        ChunkedLocalAttentionSpec,
-        FullAttentionSpec,
-        KVCacheGroupSpec,
-        SlidingWindowSpec,
-    )
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheGroupSpec, SlidingWindowSpec
 
     if w.layout in ("full", "mla"):
         return None
@@ -143,10 +126,6 @@ def groups(w: Workload) -> list[Any] | None:
     out = [] if w.layout == "window" else [KVCacheGroupSpec(["full"], FullAttentionSpec(**shape))]
     for i, window in enumerate(w.windows):
         out.append(KVCacheGroupSpec([f"sliding{i}"], SlidingWindowSpec(**shape, sliding_window=window)))
-    for i, chunk in enumerate(w.chunks):
-        out.append(
-            KVCacheGroupSpec([f"chunked{i}"], ChunkedLocalAttentionSpec(**shape, attention_chunk_size=chunk))
-        )
     return out
 
 
@@ -331,15 +310,10 @@ def run(w: Workload, side: Side, *, raise_errors: bool = False) -> tuple[Outcome
 
 
 def random_workload(
-    rng: random.Random,
-    *,
-    layouts: tuple[Layout, ...],
-    connector: bool | None = None,
-    sub_blocks: tuple[int | None, ...] = (4, 4, 8),
+    rng: random.Random, *, layouts: tuple[Layout, ...], connector: bool | None = None
 ) -> Workload:
     """A workload drawn from ``rng`` (the bench's seeds; the tier's hypothesis strategy draws
-    the same fields). ``connector``: always, never, or (None) one in three sync workloads.
-    ``sub_blocks``: the sub-block sizes drawn from (None: whole blocks on every side)."""
+    the same fields). ``connector``: always, never, or (None) one in three sync workloads."""
     layout = rng.choice(layouts)
     mode = rng.choice(["sync", "sync", "async", "pp2"])
     windows: tuple[int, ...] = ()
@@ -362,15 +336,10 @@ def random_workload(
                 abort_at=rng.choice([None, None, None, rng.randint(1, 25)]),
             )
         )
-    sub_block = rng.choice(sub_blocks)
-    chunks: tuple[int, ...] = ()
-    if layout == "full+chunked":  # whole blocks only (see Layout)
-        chunks, sub_block = (rng.choice([16, 32, 48]),), None
     return Workload(
         layout=layout,
         windows=windows,
-        chunks=chunks,
-        sub_block=sub_block,
+        sub_block=rng.choice([4, 4, 8]),
         mode=mode,
         policy=rng.choice(["fcfs", "priority"]),
         num_spec=rng.choice([0, 3]),

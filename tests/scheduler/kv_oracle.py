@@ -39,11 +39,7 @@ full-attention model, a Gemma-style model's full and sliding-window groups, a mo
 every layer has a window). A sliding-window group's request attends only the window before
 each position it computes (`SlidingWindowSpec.sliding_window` positions, itself included),
 so its reads are checked there, and the blocks below the window leave its table (null).
-A chunked local attention group (`ChunkedLocalAttentionSpec.attention_chunk_size`) attends
-the positions of its own chunk only (from the chunk's first position to itself), so its reads
-are checked from the start of the chunk of the step's first token; the blocks of earlier
-chunks leave its table. Other layouts run without the oracle (`KVOracle.applies`), groups of
-differing block sizes among them (the pool's slots are addressed with one block size).
+Other layouts run without the oracle (`KVOracle.applies`).
 """
 
 from __future__ import annotations
@@ -121,8 +117,6 @@ class KVOracle:
         # Per KV cache group: its window (positions a token attends, itself included), or
         # None for full attention.
         self.windows: list[int | None] = [getattr(m, "sliding_window", None) for m in managers]
-        # Per KV cache group: its attention chunk (chunked local attention), or None.
-        self.chunks: list[int | None] = [getattr(m, "attention_chunk_size", None) for m in managers]
         self.hash_block_size = manager.block_pool.hash_block_size
         connector = getattr(self.scheduler, "connector", None)
         if connector is not None:
@@ -131,9 +125,8 @@ class KVOracle:
     @staticmethod
     def applies(scheduler: Scheduler) -> bool:
         """Whether the oracle can follow this scheduler's pool: KV cache groups of full
-        attention, a sliding window or chunked local attention, all of one block size."""
+        attention or a sliding window, all of one block size."""
         from vllm.v1.core.single_type_kv_cache_manager import (
-            ChunkedLocalAttentionManager,
             FullAttentionManager,
             SlidingWindowManager,
         )
@@ -141,11 +134,7 @@ class KVOracle:
         # Exactly these classes: a subclass of upstream's with other semantics (sink tokens, a
         # rolling window) keeps its KV otherwise. The RBLN forms (sub-block caching) keep it so;
         # vllm-rbln's side of the parity tier runs an unpatched vLLM, which has none.
-        followed: tuple[type, ...] = (
-            FullAttentionManager,
-            SlidingWindowManager,
-            ChunkedLocalAttentionManager,
-        )
+        followed: tuple[type, ...] = (FullAttentionManager, SlidingWindowManager)
         try:
             from vllm.v1.core.sched.rbln_kv_cache import RBLNFullAttentionManager, RBLNSlidingWindowManager
         except ModuleNotFoundError:
@@ -233,11 +222,9 @@ class KVOracle:
 
         for req_id, (start, _positions, ids) in writes.items():
             expected = self._chain[req_id][:start] + ids
-            for table, window, chunk in zip(self._tables(req_id), self.windows, self.chunks, strict=True):
-                # A window or a chunk: the positions the step's first token attends, and after.
+            for table, window in zip(self._tables(req_id), self.windows, strict=True):
+                # A window: the positions the step's first token attends, and after.
                 first = 0 if window is None else max(0, start - window + 1)
-                if chunk is not None:
-                    first = start - start % chunk
                 self._check_reads(req_id, table, expected, first)
 
         for req_id, (start, positions, _ids) in writes.items():

@@ -37,14 +37,9 @@ def _clean(workload: s.Workload, side: s.Side = "rbln") -> None:
 @SETTINGS
 @given(seed=st.integers(0, 2**32 - 1))
 def test_the_rbln_scheduler_on_full_attention_next_to_sliding_windows(seed: int) -> None:
-    """Full attention next to one or two windows (sub-blocks of 4 or 8) or next to chunked
-    local attention (whole blocks), every mode: no wrong
+    """Full attention next to one or two windows, sub-blocks of 4 or 8, every mode: no wrong
     KV, no event the pool contradicts, no stall, every request finished."""
-    _clean(
-        s.random_workload(
-            random.Random(seed), layouts=("full+window", "full+2windows", "full+chunked"), connector=False
-        )
-    )
+    _clean(s.random_workload(random.Random(seed), layouts=("full+window", "full+2windows"), connector=False))
 
 
 @SETTINGS
@@ -59,81 +54,8 @@ def test_the_rbln_scheduler_with_a_kv_connector(seed: int) -> None:
 @given(seed=st.integers(0, 2**32 - 1))
 def test_upstreams_scheduler_on_the_same_hybrid_workloads(seed: int) -> None:
     """The control, in sync mode (its pp2 failures are listed in docs/sub-block-cache.md)."""
-    w = s.random_workload(
-        random.Random(seed), layouts=("full+window", "full+2windows", "full+chunked"), connector=False
-    )
+    w = s.random_workload(random.Random(seed), layouts=("full+window", "full+2windows"), connector=False)
     _clean(dataclasses.replace(w, mode="sync"), "upstream")
-
-
-# -- one full-attention group: the former one-group search (test_kv_contents_search.py) ----
-
-# The one-group search drew 120 examples a side; it is now the "full" layout of this search
-# (the oracle, the event replay and the stall check on every example), with whole blocks
-# among the sizes and every mode, a connector in one in three sync workloads.
-ONE_GROUP_EXAMPLES = int(os.environ.get("VLLM_RBLN_SEARCH_EXAMPLES", "100"))
-ONE_GROUP_SETTINGS = settings(SETTINGS, max_examples=ONE_GROUP_EXAMPLES)
-
-
-def _one_group(seed: int, connector: bool | None = None) -> s.Workload:
-    return s.random_workload(
-        random.Random(seed), layouts=("full",), sub_blocks=(None, 4, 8), connector=connector
-    )
-
-
-@ONE_GROUP_SETTINGS
-@given(seed=st.integers(0, 2**32 - 1))
-def test_the_rbln_scheduler_never_hands_out_wrong_kv_on_one_group(seed: int) -> None:
-    """One full-attention group: shared and multi-turn prefixes, one-token prompts, sub-blocks
-    of 4 and 8 and whole blocks, small pools, fcfs and priority, drafts with random
-    acceptance, aborts, async scheduling, PP 2 and connector loads: no wrong KV, no event the
-    pool contradicts, no stall, every request not aborted finished."""
-    _clean(_one_group(seed))
-
-
-@ONE_GROUP_SETTINGS
-@given(seed=st.integers(0, 2**32 - 1))
-def test_upstreams_scheduler_never_hands_out_wrong_kv_on_one_group(seed: int) -> None:
-    """The control on the same workloads, whole blocks, every mode, without the connector:
-    with it upstream hands out a wrong entry (seed 145300, below)."""
-    _clean(_one_group(seed, connector=False), "upstream")
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="upstream's Scheduler (whole blocks) with a sync connector load of 16 tokens: "
-    "'wrong entry: the prefix-cache entry for 32 tokens of r1 points at block 3, whose slot 15 "
-    "does not hold position 31's KV (step 13)'; the RBLN side and upstream-sub are clean on it",
-)
-def test_upstream_with_a_sync_connector_load_registers_a_wrong_entry() -> None:
-    """Listed, not ours (issue 51: what fails on upstream's side is upstream's): seed 145300
-    of the one-group search, priority, drafts of 3, aborts, a connector loading every
-    prompt's first block. Not yet reduced, nor told apart from a fault of the simulated
-    connector at whole blocks."""
-    w = _one_group(145300)
-    assert w.connector == (BLOCK, False)
-    for side in ("rbln", "upstream-sub"):
-        outcome, _ = s.run(w, side)  # type: ignore[arg-type]
-        assert outcome is None, f"{side}: {outcome}"
-    _clean(w, "upstream")
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="RBLN scheduler, sub-blocks of 4, one usable block: r1's sub-block hit on r0's "
-    "freed block needs a copy-on-write block the pool cannot give, and r1 is never scheduled "
-    "(upstream's Scheduler, whole blocks, finishes both); not fixed here",
-)
-def test_a_sub_block_hit_on_the_pool_s_only_block_does_not_starve_the_request() -> None:
-    """Found by the one-group search (its first falsifying example on main, smallest as
-    hypothesis shrank it): r0 is 4 tokens of base 1, r1 the same 4 and one token more, both
-    at step 0, a pool of one usable block (spare 0). r0 runs and frees its block, which holds
-    the 4 tokens r1 shares; r1 hits them at sub-block 4 and then waits for 400 steps. The
-    control (upstream, whole blocks) finishes both."""
-    reqs = (s.Req(1, 4, 0, False, 1, 0, 0, None), s.Req(1, 4, 1, False, 1, 0, 0, None))
-    w = s.Workload("full", (), 4, "sync", "fcfs", 0, 0, None, 0, reqs)
-    control, _ = s.run(w, "upstream")
-    assert control is None, f"upstream: {control}"
-    _clean(w)
 
 
 # -- issue 51: a sub-block hit cut back to whole blocks in a sliding-window group -----------
@@ -236,7 +158,7 @@ def test_a_pass_that_raises_after_an_allocation_registers_none_of_its_entries() 
     assert not driver.oracle.violations
 
 
-@pytest.mark.parametrize("layout", ["full", "mla", "full+window", "full+2windows", "window", "full+chunked"])
+@pytest.mark.parametrize("layout", ["full", "mla", "full+window", "full+2windows", "window"])
 @pytest.mark.parametrize("side", s.SIDES)
 def test_the_oracle_and_the_event_replay_follow_every_layout_of_the_search(layout: str, side: s.Side) -> None:
     """Every KV cache group of every layout (full attention, MLA, one or two windows, each
@@ -245,14 +167,11 @@ def test_the_oracle_and_the_event_replay_follow_every_layout_of_the_search(layou
     windows = {"full+window": (8,), "full+2windows": (8, 32), "window": (20,)}.get(layout, ())
     connector = (BLOCK, True) if layout in ("full", "mla") else None
     reqs = (s.Req(0, 40, 2, False, 4, 0, 0, None), s.Req(0, 30, 5, False, 3, 2, 0, None))
-    chunks = (16,) if layout == "full+chunked" else ()
-    sub_block = None if chunks else 4  # chunked local attention: whole blocks only
-    w = s.Workload(layout, windows, sub_block, "sync", "fcfs", 0, 2, connector, 0, reqs, chunks)  # type: ignore[arg-type]
+    w = s.Workload(layout, windows, 4, "sync", "fcfs", 0, 2, connector, 0, reqs)  # type: ignore[arg-type]
     outcome, driver = s.run(w, side)
     assert outcome is None
     assert driver is not None and driver.oracle is not None
     groups = driver.scheduler.kv_cache_config.kv_cache_groups
     assert len(driver.oracle.windows) == len(groups) == w.num_groups
     assert [w_ for w_ in driver.oracle.windows if w_ is not None] == list(windows)
-    assert [c for c in driver.oracle.chunks if c is not None] == list(chunks)
     assert driver.events is not None and driver.events.num_stored > 0
