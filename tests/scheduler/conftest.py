@@ -25,36 +25,27 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 
-
-def _vllm_release() -> tuple[int, int]:
-    """The installed vLLM's major and minor version, read without importing vLLM."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        major, minor = version("vllm").split(".")[:2]
-    except PackageNotFoundError:
-        return (0, 0)
-    return int(major), int(minor)
-
-
 # The repository ships the one Hugging Face file vLLM's harness reads
 # (facebook/opt-125m's config.json); vLLM needs the CPU platform to build a
 # VllmConfig without a GPU. Set before vLLM is imported; a runner may override.
 os.environ.setdefault("HF_HOME", str(HERE.parent / "fixtures" / "hf"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
-# From vLLM 0.34.0 the CPU platform refuses an x86 host without Triton's CPU backend
-# (platforms/cpu.py, check_and_update_config), and triton-cpu is not on the package
-# index (its wheels are on GitHub only). An empty CUDA_VISIBLE_DEVICES is vLLM's own
-# "distributed environment, drivers may come later" case (triton_utils/importing.py):
-# HAS_TRITON stays true with the index's triton, no kernel of which the scheduler runs.
-if _vllm_release() >= (0, 34):
-    os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 # The suite has no packages (--import-mode=importlib): shared test kits live in tests/support.
 sys.path.insert(0, str(HERE.parent / "support"))
+
+from vllm_release import vllm_release  # noqa: E402
+
+# From vLLM 0.34.0 the CPU platform refuses an x86 host without Triton's CPU backend
+# (platforms/cpu.py, check_and_update_config), and triton-cpu is not on the package
+# index (its wheels are on GitHub only). An empty CUDA_VISIBLE_DEVICES is vLLM's own
+# "distributed environment, drivers may come later" case (triton_utils/importing.py):
+# HAS_TRITON stays true with the index's triton, no kernel of which the scheduler runs.
+if vllm_release() >= (0, 34):
+    os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 
 import sched_harness  # noqa: E402
 

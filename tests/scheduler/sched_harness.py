@@ -17,6 +17,7 @@ outcomes as JSON.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import sys
@@ -31,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "support"))
 from kv_event_replay import EventReplay
 from kv_oracle import KVOracle
+from vllm_release import vllm_release
 
 if TYPE_CHECKING:
     from vllm.v1.core.sched.output import SchedulerOutput
@@ -107,17 +109,10 @@ def load_harness_from_env() -> str | None:
     return None
 
 
-def _vllm_release() -> tuple[int, int]:
-    from importlib.metadata import version
-
-    major, minor = version("vllm").split(".")[:2]
-    return int(major), int(minor)
-
-
 # vLLM 0.34.0 sends a resumed request as new, its tokens in `prefill_token_ids`: the V2
 # model runner's form, the only one from then on (`use_v2_model_runner`,
 # `CachedRequestData.resumed_req_ids` and `.all_token_ids` are gone).
-ONE_RUNNER_FORM = _vllm_release() >= (0, 34)
+ONE_RUNNER_FORM = vllm_release() >= (0, 34)
 # What asks the harness for a V1 model runner's output (vllm-rbln's runner is one).
 V1_RUNNER: dict[str, Any] = {} if ONE_RUNNER_FORM else {"use_v2_model_runner": False}
 
@@ -149,15 +144,22 @@ def create_scheduler(*, scheduler_cls: Any = None, **kwargs: Any) -> Scheduler:
     return scheduler
 
 
-def runner_output(req_ids: list[str], sampled: list[list[int]], **fields: Any) -> Any:
-    """vLLM's `ModelRunnerOutput` for a step of `req_ids`, at every pin: up to 0.33.0
-    it also takes the required `req_id_to_index`, which 0.34.0 dropped (rows are
-    `req_ids`' order)."""
+@functools.cache
+def _takes_req_id_to_index() -> bool:
     import dataclasses
 
     from vllm.v1.outputs import ModelRunnerOutput
 
-    if "req_id_to_index" in {f.name for f in dataclasses.fields(ModelRunnerOutput)}:
+    return "req_id_to_index" in {f.name for f in dataclasses.fields(ModelRunnerOutput)}
+
+
+def runner_output(req_ids: list[str], sampled: list[list[int]], **fields: Any) -> Any:
+    """vLLM's `ModelRunnerOutput` for a step of `req_ids`, at every pin: up to 0.33.0
+    it also takes the required `req_id_to_index`, which 0.34.0 dropped (rows are
+    `req_ids`' order)."""
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    if _takes_req_id_to_index():
         fields["req_id_to_index"] = {req_id: i for i, req_id in enumerate(req_ids)}
     return ModelRunnerOutput(
         req_ids=req_ids,
