@@ -53,6 +53,7 @@ class LMCacheBookkeepingConnector(MockKVConnector):
         self.load_specs: dict[str, tuple[int, int]] = {}
         self.requests: dict[str, Any] = {}
         self.resumes_checked = 0
+        self.sent: set[str] = set()  # the requests sent as new so far
 
     def _held(self, request: Any) -> int:
         return min(self.config.matched_tokens, request.num_tokens)
@@ -75,10 +76,18 @@ class LMCacheBookkeepingConnector(MockKVConnector):
         )
 
     def build_connector_meta(self, scheduler_output: Any) -> Any:
+        # A resumed request comes as cached, named in `resumed_req_ids`, or,
+        # from vLLM 0.34.0 (and from a V2 runner's scheduler before it), as new
+        # again: a new request this connector has been sent before.
         cached = scheduler_output.scheduled_cached_reqs
-        for req_id in cached.req_ids:
+        resumed = set(getattr(cached, "resumed_req_ids", ()))
+        for request in scheduler_output.scheduled_new_reqs:
+            if request.req_id in self.sent:
+                resumed.add(request.req_id)
+            self.sent.add(request.req_id)
+        for req_id in [*cached.req_ids, *(r.req_id for r in scheduler_output.scheduled_new_reqs)]:
             spec = self.load_specs.pop(req_id, None)
-            if req_id not in cached.resumed_req_ids:
+            if req_id not in resumed:
                 continue
             assert spec is not None, f"Request {req_id} is preempted but was not given a load spec"
             shown, held = spec
@@ -91,6 +100,4 @@ class LMCacheBookkeepingConnector(MockKVConnector):
                 f"{request.num_computed_tokens} but expected {expected}"
             )
             self.resumes_checked += 1
-        for request in scheduler_output.scheduled_new_reqs:
-            self.load_specs.pop(request.req_id, None)
         return super().build_connector_meta(scheduler_output)

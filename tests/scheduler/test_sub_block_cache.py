@@ -552,34 +552,58 @@ def test_a_platform_that_cannot_answer_stops_only_a_size_that_needs_the_answer()
         platforms._current_platform = previous
 
 
+def slot_taking_drafter() -> tuple[str, dict[str, Any], int]:
+    """A drafter that takes slots of every step: its name in the refusal, the
+    `create_scheduler` keywords that make it, and the slots it takes. Up to
+    vLLM 0.33.0, ngram with parallel drafting (its 3 tokens take 2 slots); from
+    0.34.0 `parallel_drafting` has no effect and only the autoregressive draft
+    model takes a slot (one: `StandaloneARSpeculatorConfig`)."""
+    if not h.ONE_RUNNER_FORM:
+        spec = {"num_speculative_tokens": 3, "speculative_method": "ngram", "parallel_drafting": True}
+        return "ngram with parallel drafting", spec, 2
+    from vllm.config import ModelConfig, ParallelConfig, SpeculativeConfig
+
+    draft = SpeculativeConfig(
+        method="draft_model",
+        model="facebook/opt-125m",  # its config, from tests/fixtures/hf
+        num_speculative_tokens=3,
+        target_model_config=ModelConfig(model="facebook/opt-125m", max_model_len=256),
+        target_parallel_config=ParallelConfig(),
+    )
+    return "draft_model", {"speculative_config": draft}, 1
+
+
 def test_a_drafter_that_takes_slots_counts_as_a_sub_block_below_the_chunk() -> None:
-    """Issue 33: a drafter that takes slots of every step (here ngram with parallel
-    drafting, 3 tokens: 2 slots) makes upstream's scheduler give a prefill that many
-    tokens fewer than the chunk, so chunks of 8 are 6 tokens and start at 0, 6, 12: the
-    third crosses the 16-token block, as a sub-block below the chunk lets a chunk do.
-    So it needs the platform's yes (rule 4): on a platform that cannot, the default stays
-    with whole blocks, and a size given is refused naming the drafter; the same drafter
-    without parallel drafting takes no slot and keeps sub-blocks of the chunk. Shown
-    failing before the rule: sub-blocks of 8 on the platform that cannot."""
+    """Issue 33: a drafter that takes slots of every step (`slot_taking_drafter`)
+    makes upstream's scheduler give a prefill that many tokens fewer than the chunk,
+    so chunks of 8 are 6 (or 7) tokens and the third crosses the 16-token block, as a
+    sub-block below the chunk lets a chunk do. So it needs the platform's yes (rule
+    4): on a platform that cannot, the default stays with whole blocks, and a size
+    given is refused naming the drafter; ngram without parallel drafting takes no
+    slot and keeps sub-blocks of the chunk. Shown failing before the rule: sub-blocks
+    of 8 on the platform that cannot."""
     from vllm.v1.core.sched.rbln_sub_block import SubBlockCacheConfigError
 
-    def build(settings: dict[str, Any], *, platform_yes: bool, parallel: bool = True) -> Any:
+    name, slot_taking, slots = slot_taking_drafter()
+    no_slot = {"num_speculative_tokens": 3, "speculative_method": "ngram"}
+
+    def build(settings: dict[str, Any], *, platform_yes: bool, spec: dict[str, Any] = slot_taking) -> Any:
         factory = h.rbln_scheduler_factory(settings, chunks_cross_kv_blocks=platform_yes)
-        return make_scheduler_with(
-            factory, chunk=8, num_speculative_tokens=3, speculative_method="ngram", parallel_drafting=parallel
-        )
+        return make_scheduler_with(factory, chunk=8, **spec)
 
     crossing = build({}, platform_yes=True)
-    assert crossing.vllm_config.speculative_config.max_num_new_slots_for_drafting == 2
+    assert crossing.vllm_config.speculative_config.max_num_new_slots_for_drafting == slots
     assert_sub_blocks(crossing, 8)
     driver = h.Driver(crossing)
     driver.add(h.make_request("long", prompt(40), max_tokens=4, hash_block_size=8))
     steps = [driver.step() for _ in range(3)]
-    assert [step.num_scheduled_tokens for step in steps] == [{"long": 6}] * 3
-    # The third chunk, tokens 12..17, writes into two KV blocks.
-    assert [step.num_computed_before["long"] for step in steps] == [0, 6, 12]
+    assert [step.num_scheduled_tokens for step in steps] == [{"long": 8 - slots}] * 3
+    # The third chunk writes into two KV blocks.
+    starts = [step.num_computed_before["long"] for step in steps]
+    assert starts == [0, 8 - slots, 2 * (8 - slots)]
+    assert starts[2] < 16 < starts[2] + 8 - slots
 
-    drafter = "the ngram with parallel drafting drafter takes 2 slot(s) of every step"
+    drafter = f"the {name} drafter takes {slots} slot(s) of every step"
     default = build({}, platform_yes=False)
     assert_whole_blocks(default, platform_yes=False)
     assert drafter in default.sub_block_cache.whole_blocks_because
@@ -587,10 +611,10 @@ def test_a_drafter_that_takes_slots_counts_as_a_sub_block_below_the_chunk() -> N
         build({"sub_block_size": 8}, platform_yes=False)
     message = str(error.value)
     assert f"sub_block_size=8: {drafter}" in message
-    assert "prefill chunks of 6 tokens stop starting on multiples of max_num_batched_tokens=8" in message
+    assert f"prefill chunks of {8 - slots} tokens stop starting on multiples of max_num_batched_tokens=8" in message
     assert "supports_prefill_chunk_across_kv_blocks() is False" in message
     assert "use a drafter that takes no slot" in message
-    assert_sub_blocks(build({}, platform_yes=False, parallel=False), 8, platform_yes=False)
+    assert_sub_blocks(build({}, platform_yes=False, spec=no_slot), 8, platform_yes=False)
 
 
 def test_the_platform_hook_defaults_to_no() -> None:
@@ -1186,10 +1210,11 @@ def test_a_request_resumed_with_a_connector_resumes_where_the_connector_was_told
         kv_role="kv_both",
         kv_connector_extra_config={"matched_tokens": 16, "is_async": False},
     )
-    # vLLM's V1 model runner, which vllm-rbln's runner is: a resumed request is
-    # sent as resumed (the V2 runner's, the harness's default from 0.32.0, is
-    # sent as new, which LMCache takes as a new request).
-    scheduler = make_with_transfer_config(settings, config, use_v2_model_runner=False)
+    # vLLM's V1 model runner, which vllm-rbln's runner is: before 0.34.0 a
+    # resumed request is sent as resumed (the V2 runner's, the harness's default
+    # from 0.32.0, as new); from 0.34.0, as new, with every token it has. The
+    # connector checks the resume point in either form.
+    scheduler = make_with_transfer_config(settings, config, **h.V1_RUNNER)
     driver = h.Driver(scheduler)
     a_prompt = prompt(26, seed=1)
     driver.add(h.make_request("A", a_prompt, max_tokens=1, hash_block_size=4))
