@@ -30,7 +30,8 @@ def ours(path: Path) -> tuple[str, dict[str, dict[str, Any]]]:
 def diff_trace(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     """What differs between one workload's two traces: the first differing step, then the end state."""
     if "error" in a or "error" in b:
-        return [] if a.get("error") == b.get("error") else [f"refused: {a.get('error')!r} vs {b.get('error')!r}"]
+        same = a.get("error") == b.get("error")
+        return [] if same else [f"refused: {a.get('error')!r} vs {b.get('error')!r}"]
     lines: list[str] = []
     for i, (step_a, step_b) in enumerate(zip(a["steps"], b["steps"], strict=False)):
         fields = [k for k in step_a.keys() | step_b.keys() if step_a.get(k) != step_b.get(k)]

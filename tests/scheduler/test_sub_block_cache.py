@@ -611,7 +611,8 @@ def test_a_drafter_that_takes_slots_counts_as_a_sub_block_below_the_chunk() -> N
         build({"sub_block_size": 8}, platform_yes=False)
     message = str(error.value)
     assert f"sub_block_size=8: {drafter}" in message
-    assert f"prefill chunks of {8 - slots} tokens stop starting on multiples of max_num_batched_tokens=8" in message
+    chunks = f"prefill chunks of {8 - slots} tokens"
+    assert f"{chunks} stop starting on multiples of max_num_batched_tokens=8" in message
     assert "supports_prefill_chunk_across_kv_blocks() is False" in message
     assert "use a drafter that takes no slot" in message
     assert_sub_blocks(build({}, platform_yes=False, spec=no_slot), 8, platform_yes=False)
