@@ -37,16 +37,6 @@ if str(HERE) not in sys.path:
 # The suite has no packages (--import-mode=importlib): shared test kits live in tests/support.
 sys.path.insert(0, str(HERE.parent / "support"))
 
-from vllm_release import vllm_release  # noqa: E402
-
-# From vLLM 0.34.0 the CPU platform refuses an x86 host without Triton's CPU backend
-# (platforms/cpu.py, check_and_update_config), and triton-cpu is not on the package
-# index (its wheels are on GitHub only). An empty CUDA_VISIBLE_DEVICES is vLLM's own
-# "distributed environment, drivers may come later" case (triton_utils/importing.py):
-# HAS_TRITON stays true with the index's triton, no kernel of which the scheduler runs.
-if vllm_release() >= (0, 34):
-    os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
-
 import sched_harness  # noqa: E402
 
 _SOURCE_TREE = os.environ.get(sched_harness.SOURCE_TREE_ENV)

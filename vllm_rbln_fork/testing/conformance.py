@@ -57,7 +57,8 @@ _CACHE_FORMAT = 3
 PLUGIN = Path(__file__).with_name("conformance_plugin.py")
 _PLUGIN_MODULE = "rbln_conformance_plugin"
 # The environment a vLLM test run sees: nothing of the caller's but these names.
-_PASSED_THROUGH_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "TZ")
+_PASSED_THROUGH_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "TZ", "CUDA_VISIBLE_DEVICES")
+# (CUDA_VISIBLE_DEVICES: the runner's no_gpu_triton_env, which vLLM 0.34.0 on needs.)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -234,6 +235,8 @@ def _baseline_key(
         "hf_fixtures": tree_id(hf_home, "hub"),
         "cannot_run": hashlib.sha256("\n".join(sorted(c.test for c in cannot_run)).encode()).hexdigest(),
         "packages": packages_digest(_installed_packages(python)),
+        # Decides whether vLLM 0.34.0 on can start on the CPU at all (the runner's no_gpu_triton_env).
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", "(unset)"),
     }
 
 

@@ -347,6 +347,20 @@ def _pins(requested: list[Pin] | None, project: Project) -> list[Pin]:
     return supported or [read_series_for(project).exported_against]
 
 
+# From vLLM 0.34.0 the CPU platform refuses an x86 host without Triton's CPU backend
+# (platforms/cpu.py, check_and_update_config: "vLLM on x86 CPUs requires Triton
+# (triton-cpu)"), and triton-cpu is not on the package index. An empty CUDA_VISIBLE_DEVICES
+# is vLLM's own "distributed environment, drivers may come later" case
+# (triton_utils/importing.py): HAS_TRITON stays true with the index's triton, so a
+# VllmConfig can be built. No tier runs a Triton kernel (docs/rebases/v0.34.0.md).
+FIRST_PIN_REQUIRING_TRITON = Pin.parse("0.34.0")
+
+
+def no_gpu_triton_env(pin: Pin) -> dict[str, str]:
+    """What every tier's environment at ``pin`` needs for vLLM's CPU platform to start."""
+    return {"CUDA_VISIBLE_DEVICES": ""} if pin >= FIRST_PIN_REQUIRING_TRITON else {}
+
+
 def _test_lock(pin: Pin, project: Project) -> Path:
     listed = listed_pins(project)
     if not listed:
@@ -521,6 +535,7 @@ def _run(args: argparse.Namespace, reports: Path, bytecode: Path) -> int:
             "HF_HOME": str(HF_FIXTURES),
             "HF_HUB_OFFLINE": "1",
             "TRANSFORMERS_OFFLINE": "1",
+            **no_gpu_triton_env(pin),
         }
         tag = str(pin)
         if "scheduler" in tiers:
