@@ -156,17 +156,32 @@ def test_without_rbln_kv_cache_manager_the_runner_does_not_import(tmp_path: Path
 
 
 def test_the_requirement_lines() -> None:
-    """vllm==0.30.0, the release vllm-rbln 0.12.0 is built for, below 0.31.0, and vllm==0.31.0
-    where the 0.31.0 port applies (every RBLN build of it: a `==` with a local label would
-    accept that label only); and numba, which the pure wheel does not bring, at the version
-    vLLM's own builds pin."""
+    """vllm==0.30.0, the release vllm-rbln 0.12.0 is built for, below 0.31.0, vllm==0.31.0
+    where the 0.31.0 port applies and vllm==0.34.0 where the 0.34.0 port does (every RBLN
+    build of it: a `==` with a local label would accept that label only); and numba, which the
+    pure wheel does not bring, at the version vLLM's own builds pin."""
     requires = [Requirement(r) for r in importlib.metadata.requires("vllm-rbln") or ()]
     by_name = {r.name: r for r in requires if r.marker is None}
-    release = "0.30.0" if PIN < Version("0.31.0") else "0.31.0"
+    release = "0.30.0" if PIN < Version("0.31.0") else "0.31.0" if PIN < Version("0.34.0") else "0.34.0"
     assert str(by_name["vllm"].specifier) == f"=={release}"
     assert by_name["vllm"].specifier.contains(f"{release}+rbln.22")
     assert not Requirement("vllm==0.30.0+cpu").specifier.contains("0.30.0+rbln.1")
     assert by_name["numba"].specifier.contains(importlib.metadata.version("numba"))
+
+
+def test_the_attention_backends_and_the_dynamic_kv_sizer_import() -> None:
+    """vllm-rbln's attention backends import `is_quantized_kv_cache`, and its dynamic-KV sizer
+    (which the worker imports before the runner) `_max_memory_usage_bytes_from_groups`,
+    `_pool_bytes_per_block` and `get_kv_cache_groups`, from where the pin keeps them: 0.33.0
+    moved them to `vllm.v1.kv_cache_interface` and `vllm.v1.core.kv_cache_planning`, and the
+    0.34.0 port imports them from there (at 0.33.0, which takes no port of it, this is listed in
+    cannot-run.toml)."""
+    for module in (
+        "vllm_rbln.v1.attention.backends.flash_attention",
+        "vllm_rbln.v1.attention.backends.mla.flashattn_mla",
+        "vllm_rbln.v1.worker.dynamic_kv_sizer",
+    ):
+        importlib.import_module(module)
 
 
 def test_vllm_rbln_patches_import() -> None:

@@ -96,12 +96,13 @@ def test_a_series_naming_a_missing_patch_is_refused(tmp_path: Path) -> None:
         adoption_patches("other-1.0", root=tmp_path)
 
 
-def test_the_real_series_names_its_two_patches() -> None:
+def test_the_real_series_names_its_three_patches() -> None:
     listed = adoption_patches()
     assert listed.release == VLLM_RBLN
     assert [p.name for p in listed.patches] == [
         "run-on-the-rbln-build-of-vllm-and-its-scheduler.patch",
         "port-to-vllm-0.31.0.patch",
+        "port-to-vllm-0.34.0.patch",
     ]
     assert all(p.parent == ADOPTING / VLLM_RBLN for p in listed.patches)
     # The replaced scheduler goes by name (a deletion patch would carry its every line).
@@ -109,19 +110,25 @@ def test_the_real_series_names_its_two_patches() -> None:
     assert all("deleted file mode" not in p.read_text() for p in listed.patches)
 
 
+FIRST = "run-on-the-rbln-build-of-vllm-and-its-scheduler.patch"
+
+
 @pytest.mark.parametrize(
     ("pin", "names"),
     [
-        ("0.30.0", ["run-on-the-rbln-build-of-vllm-and-its-scheduler.patch"]),
-        ("0.31.0", ["run-on-the-rbln-build-of-vllm-and-its-scheduler.patch", "port-to-vllm-0.31.0.patch"]),
-        ("0.33.0", ["run-on-the-rbln-build-of-vllm-and-its-scheduler.patch", "port-to-vllm-0.31.0.patch"]),
+        ("0.30.0", [FIRST]),
+        ("0.31.0", [FIRST, "port-to-vllm-0.31.0.patch"]),
+        ("0.33.0", [FIRST, "port-to-vllm-0.31.0.patch"]),
+        ("0.34.0", [FIRST, "port-to-vllm-0.31.0.patch", "port-to-vllm-0.34.0.patch"]),
     ],
 )
-def test_the_real_series_gates_the_0_31_0_port_on_the_pin(pin: str, names: list[str]) -> None:
-    """vllm-rbln 0.12.0 is built for vLLM 0.30.0: its 0.31.0 port applies from 0.31.0 on only."""
+def test_the_real_series_gates_the_ports_on_the_pin(pin: str, names: list[str]) -> None:
+    """vllm-rbln 0.12.0 is built for vLLM 0.30.0: its 0.31.0 port applies from 0.31.0 on only,
+    its 0.34.0 port from 0.34.0 on only."""
     listed = adoption_patches(pin=Pin.parse(pin))
     assert [p.name for p in listed.patches] == names
-    assert listed.gated_off == ((("port-to-vllm-0.31.0.patch", "vllm>=0.31.0"),) if pin == "0.30.0" else ())
+    gates = (("port-to-vllm-0.31.0.patch", "vllm>=0.31.0"), ("port-to-vllm-0.34.0.patch", "vllm>=0.34.0"))
+    assert listed.gated_off == tuple(gate for gate in gates if gate[0] not in names)
     assert (
         listed.fingerprint
         != adoption_patches(pin=Pin.parse("0.30.0" if pin != "0.30.0" else "0.31.0")).fingerprint

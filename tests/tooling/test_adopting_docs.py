@@ -1,9 +1,10 @@
 """docs/adopting.md, section 1: its commands for the unpacked wheel, run as written.
 
-The two ``sh`` blocks (at vLLM 0.30.0, and from 0.31.0 on) are taken from the page and run in
-bash on a stand-in of vllm-rbln 0.12.0's wheel (a zip of a small plugin named as the real one),
-with an ``adopting/vllm-rbln-0.12.0`` folder shaped like the real one: the 0.31.0 port gated on
-``vllm>=0.31.0``, the replaced scheduler in ``deletes``. Each must give the files the tool's own
+The three ``sh`` blocks (at vLLM 0.30.0, from 0.31.0 up to 0.33.0, and from 0.34.0 on) are taken
+from the page and run in bash on a stand-in of vllm-rbln 0.12.0's wheel (a zip of a small plugin
+named as the real one), with an ``adopting/vllm-rbln-0.12.0`` folder shaped like the real one: the
+0.31.0 port gated on ``vllm>=0.31.0``, the 0.34.0 port stacked on it and gated on
+``vllm>=0.34.0``, the replaced scheduler in ``deletes``. Each must give the files the tool's own
 applier gives at that pin (issue 52: the page's one loop applied the 0.31.0 port at 0.30.0, and
 said "no repository needed", then ``git rm``)."""
 
@@ -63,10 +64,15 @@ def _stand_in(tmp_path: Path) -> tuple[Path, Path]:
     (src / "vllm_rbln" / "harmony.py").write_text("pass  # the fix is in\n")
     (src / "vllm_rbln-0.12.0.dist-info" / "METADATA").write_text("Requires-Dist: vllm==0.31.0\n")
     _git(src, "commit", "-qam", "Port to vllm 0.31.0")
+    (src / "vllm_rbln" / "attention.py").write_text("from vllm.v1.kv_cache_interface import q\n")
+    (src / "vllm_rbln-0.12.0.dist-info" / "METADATA").write_text("Requires-Dist: vllm==0.34.0\n")
+    _git(src, "add", "-A")
+    _git(src, "commit", "-qm", "Port to vllm 0.34.0")
     folder = tmp_path / "fork" / "adopting" / RELEASE
     folder.mkdir(parents=True)
     first, second = "run-on-the-rbln-build.patch", "port-to-vllm-0.31.0.patch"
-    for name, rev in ((first, "HEAD~1"), (second, "HEAD")):
+    third = "port-to-vllm-0.34.0.patch"
+    for name, rev in ((first, "HEAD~2"), (second, "HEAD~1"), (third, "HEAD")):
         patch = subprocess.run(
             ["git", "format-patch", "--stdout", "--zero-commit", "-1", rev],
             cwd=src,
@@ -74,7 +80,7 @@ def _stand_in(tmp_path: Path) -> tuple[Path, Path]:
             capture_output=True,
         ).stdout
         (folder / name).write_bytes(patch)
-    (folder / "series").write_text(f"# the order\n{first}\n{second} vllm>=0.31.0\n")
+    (folder / "series").write_text(f"# the order\n{first}\n{second} vllm>=0.31.0\n{third} vllm>=0.34.0\n")
     (folder / "deletes").write_text("# files that go\nvllm_rbln/v1/core/rbln_scheduler.py\n")
     return wheel, tmp_path / "fork"
 
@@ -85,7 +91,11 @@ def _files(root: Path) -> dict[str, bytes]:
 
 @pytest.mark.parametrize(
     ("pin", "intro"),
-    [("0.30.0", "At vLLM 0.30.0 (the pin vllm-rbln 0.12.0 is built for)"), ("0.31.0", "From vLLM 0.31.0 on")],
+    [
+        ("0.30.0", "At vLLM 0.30.0 (the pin vllm-rbln 0.12.0 is built for)"),
+        ("0.31.0", "From vLLM 0.31.0 up to 0.33.0"),
+        ("0.34.0", "From vLLM 0.34.0 on"),
+    ],
 )
 def test_the_pages_commands_give_what_the_applier_gives_at_the_pin(
     tmp_path: Path, pin: str, intro: str
@@ -107,7 +117,8 @@ def test_the_pages_commands_give_what_the_applier_gives_at_the_pin(
     apply_adoption_patches(by_tool, adoption_patches(RELEASE, root=fork / "adopting", pin=Pin.parse(pin)))
     assert by_docs == _files(by_tool)
     metadata = by_docs["vllm_rbln-0.12.0.dist-info/METADATA"].decode()
-    assert metadata == f"Requires-Dist: vllm=={pin}\n"  # the 0.31.0 port only from 0.31.0 on
+    assert metadata == f"Requires-Dist: vllm=={pin}\n"  # each port only from its release on
+    assert ("vllm_rbln/attention.py" in by_docs) == (pin == "0.34.0")
     assert "vllm_rbln/v1/core/rbln_scheduler.py" not in by_docs
 
 
