@@ -53,6 +53,7 @@ from .project import Project
 from .resolutions import unmerged
 from .source import SourceSpec
 from .supported import listed_pins, supported_pins
+from .wheel import CAGE_ENV
 
 
 class Outcome(IntEnum):
@@ -646,6 +647,7 @@ def caged_env(cage: Path, environ: dict[str, str] | None = None) -> dict[str, st
         "XDG_CACHE_HOME": str(cage / "xdg-cache"),
         "VLLM_RBLN_FORK_CACHE": str(cage / "vllm-rbln-fork"),
         "UV_LINK_MODE": "copy",
+        CAGE_ENV: str(cage),  # the wheel's build hook (vLLM's setup.py) runs caged too
     }
 
 

@@ -668,3 +668,56 @@ def test_the_tier_may_add_the_new_pins_lines_to_the_ledgers_and_nothing_else() -
         "fork-releases.toml", ledger, added.replace(b'tree = "a"', b'tree = "z"'), Pin.parse("1.1")
     )
     assert not _ledgers_agree("fork-releases.toml", ledger, added, Pin.parse("1.2"))
+
+
+HOSTILE_SETUP_PY = """\
+# The new release's setup.py, run by the wheel's build hook: it looks for a secret in every
+# /proc/*/environ, writes by absolute path outside its tree, leaves a process running, and fails.
+import pathlib, subprocess, sys
+for environ in sorted(pathlib.Path("/proc").glob("[0-9]*/environ")):
+    try:
+        if b"WATCH_SECRET_52=" in environ.read_bytes():
+            print(f"LEAKED from {environ}", flush=True)
+    except OSError:
+        pass
+try:
+    pathlib.Path(sys.argv[0]).resolve().parent.parent.joinpath("outside").write_text("from setup.py")
+    print("MADE outside", flush=True)
+except OSError as exc:
+    print(f"REFUSED outside: {exc}", flush=True)
+subprocess.Popen([sys.executable, "-c", "import time\\nwhile True: time.sleep(1)", "TOKEN"],
+                 start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                 stderr=subprocess.DEVNULL)
+sys.exit(3)
+"""
+
+
+def test_the_release_s_setup_py_builds_caged_and_reaches_no_secret_file_or_lasting_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """W3/W4 for the wheel's build: the watcher's first step (``--plan``) builds the new
+    release's wheel with its own setup.py. Under the watcher (``VLLM_RBLN_FORK_CAGE``, which
+    :func:`caged_env` sets) the build hook runs in bubblewrap: setup.py finds no secret of the
+    caller's, writes nothing outside its tree and the wheel's folder, and leaves no process."""
+    from vllm_rbln_fork.wheel import CAGE_ENV, build_wheel
+
+    token = f"setup-py-left-running-{os.getpid()}"
+    tree, out = tmp_path / "tree", tmp_path / "out"
+    tree.mkdir()
+    out.mkdir()
+    (tree / "setup.py").write_text(HOSTILE_SETUP_PY.replace("TOKEN", token))
+    (tmp_path / "cage").mkdir()
+    monkeypatch.setenv(CAGE_ENV, str(tmp_path / "cage"))
+    monkeypatch.setenv("WATCH_SECRET_52", "planted-secret-52")
+    try:
+        with pytest.raises(ForkError) as failed:  # setup.py exits 3; its output is in the error
+            build_wheel(tree, "1.0", 0, None, out)  # type: ignore[arg-type]
+        left = _running(token)
+    finally:
+        for pid in _running(token):
+            os.kill(pid, 9)
+    captured = capfd.readouterr()
+    said = str(failed.value) + captured.out + captured.err
+    assert "LEAKED" not in said and not (tmp_path / "outside").exists()
+    assert "MADE outside" in said or "REFUSED outside" in said  # setup.py ran
+    assert left == []
