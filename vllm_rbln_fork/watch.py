@@ -23,12 +23,16 @@ nothing new, 1 a move ready for review, 2 work left by hand; 3 the watcher's own
 everything put back) and a short Markdown summary for a pull request or an issue.
 
 The new release's own code (its ``setup.py``, then vLLM itself in the tests) is unreviewed:
-the scheduler tier runs it in a cage of its own (:func:`_scheduler_tier`), a fresh tool
-environment, build cache and test venv that are removed afterwards and that nothing reuses.
+the scheduler tier makes its wheel and test venv in a fresh tool environment, build cache and
+venv folder that are removed afterwards and that nothing reuses, then runs its tests in a
+bubblewrap cage (:func:`_scheduler_tier`, :mod:`.cage`; docs/building.md, "The watcher's
+cage"): everything read-only but a scratch folder, its own PIDs and network, the plan's
+variables alone.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -37,8 +41,10 @@ import time
 from dataclasses import dataclass, field
 from enum import IntEnum
 from pathlib import Path
+from typing import Any
 
 from . import log, proc
+from .cage import bwrap, caged
 from .errors import ForkError
 from .files import write_atomic
 from .gitrepo import Repo
@@ -47,6 +53,7 @@ from .project import Project
 from .resolutions import unmerged
 from .source import SourceSpec
 from .supported import listed_pins, supported_pins
+from .wheel import CAGE_ENV
 
 
 class Outcome(IntEnum):
@@ -195,6 +202,8 @@ def watch(
     own branch, or, with ``branch=False``, its files), and no branch, conflict tree or review
     folder of the move left, so the next run starts the move again."""
     start = time.perf_counter()
+    if run_tier:
+        bwrap()  # refused before anything is changed: the tier never runs uncaged
     if not branch:
         found = newer_release(project, spec.index_url(), release, _move_branches(project))
         if found.target is None:
@@ -483,32 +492,67 @@ def _stopped_at(tree: Path) -> tuple[str, tuple[str, ...]]:
 def _scheduler_tier(project: Project, target: Pin) -> tuple[str, bool]:
     """``build.py test --tier scheduler --pin <target>`` in the project: (what it said, passed).
 
-    The release's code is unreviewed, so the run is caged (:func:`caged_env`): it builds the
-    wheel (the release's ``setup.py``) and runs vLLM's code in a tool env, build cache and test
-    venv of its own, removed afterwards. A failure of the tier's tests (exit 1) is work by hand;
-    any other exit (the tool could not build or start: an index out of reach, a broken lock)
-    is the watcher's own error, raised."""
+    The release's code is unreviewed, so the run is caged, in two steps. First, outside the
+    cage, ``--plan``: the tool makes the wheel and the test venv in a tool env, build cache and
+    test venv of the cage's own (:func:`caged_env`), removed afterwards, and writes the pytest
+    run down. Then that run (vLLM's code in the tier's tests) in bubblewrap (:mod:`.cage`): the
+    file system read-only (the venv and the project with it), its own PIDs, network and
+    ``/tmp``, an environment of the plan's variables alone, one scratch folder writable. A
+    failure of the tier's tests (exit 1) is work by hand; any other exit (the tool could not
+    build or start: an index out of reach, a broken lock) is the watcher's own error, raised."""
     build_py = project.root / "build.py"
     if not build_py.is_file():
         raise ForkError(
             f"{project.root} has no build.py: the scheduler tier cannot run. Give --no-tier to leave it out."
         )
-    command = [sys.executable, str(build_py), "test", "--tier", "scheduler", "--pin", str(target)]
     shown = f"python build.py test --tier scheduler --pin {target}"
     started = time.perf_counter()
-    with (
-        tempfile.TemporaryDirectory(prefix="watch-cage-") as cage,
-        log.phase(f"the scheduler tier at vllm {target} (caged in {cage})"),
-    ):
-        status = proc.stream(command, cwd=project.root, env=caged_env(Path(cage)))
+    with tempfile.TemporaryDirectory(prefix="watch-cage-") as cage_dir:
+        cage = Path(cage_dir)
+        plan_file = cage / "plan.json"
+        command = [sys.executable, str(build_py), "test", "--tier", "scheduler", "--pin", str(target)]
+        with log.phase(f"the scheduler tier's wheel and venv at vllm {target} (in {cage})"):
+            status = proc.stream([*command, "--plan", str(plan_file)], cwd=project.root, env=caged_env(cage))
+        if status != 0 or not plan_file.is_file():
+            raise ForkError(
+                f"the scheduler tier at vllm {target} could not run ({shown} --plan exited {status}, "
+                "not 0 with its plan written): its error is above. Nothing was committed; fix that "
+                "and run the watcher again."
+            )
+        plan = json.loads(plan_file.read_text())
+        with log.phase(f"the scheduler tier at vllm {target} (in a bubblewrap cage)"):
+            status = proc.stream(_caged_tier(project, cage, plan))
     took = f"{time.perf_counter() - started:.0f} s"
     if status == 0:
-        return f"passed ({took}: {shown})", True
+        return f"passed ({took}: {shown}, caged)", True
     if status == 1:
-        return f"failed, exit 1 ({took}: {shown})", False
+        return f"failed, exit 1 ({took}: {shown}, caged)", False
     raise ForkError(
-        f"the scheduler tier at vllm {target} could not run ({shown} exited {status}, not 0 passed "
-        "or 1 failed): its error is above. Nothing was committed; fix that and run the watcher again."
+        f"the scheduler tier at vllm {target} could not run ({shown} exited {status} in its cage, not 0 "
+        "passed or 1 failed): its error is above. Nothing was committed; fix that and run the watcher again."
+    )
+
+
+def _caged_tier(project: Project, cage: Path, plan: dict[str, Any]) -> list[str]:
+    """The command line of the plan's pytest run in the cage: everything read-only but the
+    cage's ``scratch`` folder (its home and bytecode); the plan's variables and a ``PATH``,
+    ``HOME`` and bytecode prefix of the cage's, no other."""
+    argv = [str(a) for a in plan["argv"]]
+    scratch = cage / "scratch"
+    env = {
+        "PATH": os.pathsep.join([str(Path(argv[0]).parent), "/usr/local/bin", "/usr/bin", "/bin"]),
+        "HOME": str(scratch / "home"),
+        "TMPDIR": "/tmp",
+        "LANG": "C.UTF-8",
+        **{str(k): str(v) for k, v in plan["env"].items()},
+        "PYTHONPYCACHEPREFIX": str(scratch / "bytecode"),
+    }
+    return caged(
+        argv,
+        cwd=Path(plan["cwd"]),
+        env=env,
+        readable=[project.root, cage],
+        writable=[scratch / "home", scratch / "bytecode"],
     )
 
 
@@ -603,6 +647,7 @@ def caged_env(cage: Path, environ: dict[str, str] | None = None) -> dict[str, st
         "XDG_CACHE_HOME": str(cage / "xdg-cache"),
         "VLLM_RBLN_FORK_CACHE": str(cage / "vllm-rbln-fork"),
         "UV_LINK_MODE": "copy",
+        CAGE_ENV: str(cage),  # the wheel's build hook (vLLM's setup.py) runs caged too
     }
 
 

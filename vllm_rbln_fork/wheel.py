@@ -70,11 +70,19 @@ def build_wheel(tree: Path, version: str, epoch: int, manifest: BuildManifest, o
     # its control folder), through hook_runner, which makes setuptools' copies hard links.
     links = ["--link-copies"] if backend.startswith("setuptools.") else []
 
+    writable = [tree]  # and the wheel's temporary folder, below
+    cage_root = os.environ.get(CAGE_ENV)  # the watcher's: vLLM's setup.py is unreviewed
+
     def runner(
         cmd: Sequence[str], cwd: str | None = None, extra_environ: Mapping[str, str] | None = None
     ) -> None:
         wrapped = [cmd[0], str(HOOK_RUNNER), *links, *cmd[1:]]
-        proc.run(wrapped, cwd=Path(cwd) if cwd else tree, env={**env, **(extra_environ or {})}, hint=hint)
+        where = Path(cwd) if cwd else tree
+        hook_env = {**env, **(extra_environ or {})}
+        if cage_root:  # its environment is the one the cage's command line gives
+            proc.run(_caged_hook(wrapped, where, hook_env, Path(cage_root), writable), cwd=where, hint=hint)
+            return
+        proc.run(wrapped, cwd=where, env=hook_env, hint=hint)
 
     # --skip-dependency-check, as before: the build lock holds what an empty build uses, not
     # cmake and ninja (vLLM's build-system.requires), which only compile kernels; nor torch
@@ -86,6 +94,7 @@ def build_wheel(tree: Path, version: str, epoch: int, manifest: BuildManifest, o
         with tempfile.TemporaryDirectory(prefix="wheel-", dir=out_dir) as tmp:
             raw_dir = Path(tmp) / "raw"
             raw_dir.mkdir()
+            writable.append(Path(tmp))
             caller = BuildBackendHookCaller(
                 str(tree), backend, backend_path, runner=runner, python_executable=sys.executable
             )
@@ -100,6 +109,35 @@ def build_wheel(tree: Path, version: str, epoch: int, manifest: BuildManifest, o
             return repack_pure(raw, version, epoch, manifest, out_dir)
     finally:
         os.umask(old_umask)
+
+
+# Set by the watcher (watch.caged_env) to its cage folder: the build hook (vLLM's setup.py, the
+# new release's unreviewed code) then runs in bubblewrap (docs/building.md, "The watcher's cage").
+CAGE_ENV = "VLLM_RBLN_FORK_CAGE"
+# What of the build's environment the caged hook gets: the variables that fix its bytes
+# (build_env) and a PATH, nothing else of the caller's.
+_HOOK_VARIABLES = ("PATH", "VLLM_TARGET_DEVICE", "VLLM_VERSION_OVERRIDE", "SOURCE_DATE_EPOCH", "LC_ALL", "TZ")
+
+
+def _caged_hook(
+    cmd: list[str], cwd: Path, env: Mapping[str, str], cage: Path, writable: list[Path]
+) -> list[str]:
+    """``cmd`` (the build hook) in the cage: the file system read-only but the tree, the wheel's
+    temporary folder and the hook's control folder (its last argument); no network, no process
+    of the caller's in sight, an environment of ``_HOOK_VARIABLES`` alone."""
+    from .cage import caged
+    from .paths import PROJECT_ROOT
+
+    control = Path(cmd[-1])
+    own = {k: env[k] for k in _HOOK_VARIABLES if k in env}
+    own.update(
+        {k: v for k, v in env.items() if k.startswith(("PEP517_", "_PYPROJECT_HOOKS"))},
+        PYTHONHASHSEED="0",
+        PYTHONDONTWRITEBYTECODE="1",
+        HOME=str(control),
+        TMPDIR=str(control),
+    )
+    return caged(cmd, cwd=cwd, env=own, readable=[PROJECT_ROOT, cage], writable=[*writable, control])
 
 
 def _build_backend(tree: Path) -> tuple[str, list[str] | None]:

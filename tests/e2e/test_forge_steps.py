@@ -172,6 +172,8 @@ def _release_inputs(root: Path, pin: str) -> tuple[Path, list[dict[str, str]]]:
             spec = BaseWheelSpec.parse(cell["base"])
             base = fetch_base_wheel(spec, configured_index_url, lock)
             files.setdefault(spec.requirement.name, []).append((base.path, base.sha256))
+    for name, found in _tool_requirements().items():  # a fresh tool env installs from here
+        files.setdefault(name, []).extend(found)
     (root / "files").mkdir(parents=True)
     for project, found in files.items():
         page = root / "simple" / project / "index.html"
@@ -182,6 +184,88 @@ def _release_inputs(root: Path, pin: str) -> tuple[Path, list[dict[str, str]]]:
             links.append(f'<a href="../../files/{path.name}#sha256={sha256}">{path.name}</a>')
         page.write_text("<!DOCTYPE html><html><body>\n" + "\n".join(links) + "\n</body></html>\n")
     return root, cells
+
+
+# What the release job's tool env installs (build.py's bootstrap): the uv it installs first,
+# then the build lock.
+TOOL_LOCKS = ("bootstrap.lock", "build.lock")
+
+
+def _tool_requirements() -> dict[str, list[tuple[Path, str]]]:
+    """The files of the tool's locked requirements (``TOOL_LOCKS``) by project, with their
+    sha256: downloaded once per content of the locks (``pip download``, hashes required, from
+    this machine's pip configuration) into the user's cache, beside the sdists. The release job
+    makes its tool env afresh (release.yml, R1), from the index the test serves alone."""
+    import hashlib
+
+    from vllm_rbln_fork.files import made_once, sha256_of
+
+    locks = [PROJECT_ROOT / "requirements" / name for name in TOOL_LOCKS]
+    key = hashlib.sha256(b"\0".join(lock.read_bytes() for lock in locks)).hexdigest()[:16]
+    xdg = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+
+    def fetch(folder: Path) -> None:
+        folder.mkdir(parents=True)
+        requirements = [arg for lock in locks for arg in ("-r", str(lock))]
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--require-hashes",
+             "-d", str(folder), *requirements],
+            check=True,
+        )  # fmt: skip
+
+    folder = made_once(xdg / "vllm-rbln-fork" / "e2e-tool-requirements" / key, fetch)
+    found: dict[str, list[tuple[Path, str]]] = {}
+    for path in sorted(folder.iterdir()):
+        name = re.sub(r"[-_.]+", "-", path.name.split("-")[0]).lower()
+        found.setdefault(name, []).append((path, sha256_of(path)))
+    return found
+
+
+def _plant_a_tool_env_in_the_runners_cache(xdg: Path, clone: Path, record: Path) -> None:
+    """What a previous job on the runner (the watcher, running an unreviewed release's code) can
+    leave in ``~/.cache``: a finished tool env, where build.py looks for its own, whose python
+    writes down the upload password it is run with."""
+    env = dict(os.environ, XDG_CACHE_HOME=str(xdg), PYTHONPATH=str(clone))
+    name = subprocess.run(
+        [sys.executable, "-c", "import build; print(build.tool_env_dir())"],
+        cwd=clone, env=env, capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    env_dir = Path(name)
+    (env_dir / "bin").mkdir(parents=True)
+    python = env_dir / "bin" / "python"
+    python.write_text(f'#!/bin/sh\necho "$TWINE_PASSWORD" >> {record}\n')
+    python.chmod(0o755)
+    for lock in ("build", "test", "dev"):
+        (env_dir / f".complete-{lock}").write_text("planted\n")
+
+
+def test_release_runs_no_tool_env_a_previous_job_left_in_the_runners_cache(
+    tmp_path: Path, machine: dict[str, str], kit: ModuleType
+) -> None:
+    """R1: release.yml's build step ran any finished tool env found in ~/.cache with
+    TWINE_PASSWORD set. The job now makes its tool env afresh under $RUNNER_TEMP, in a step
+    without secrets, from the index the test serves (the sdist and the tool's locked
+    requirements): a tool env planted in the runner's cache never runs."""
+    pin = os.environ.get("VLLM_RBLN_PIN", "0.31.0")
+    root, cells = _release_inputs(tmp_path / "index", pin)
+    clone = fresh_clone(PROJECT_ROOT, tmp_path)
+    record = tmp_path / "passwords-seen"
+    machine["XDG_CACHE_HOME"] = str(tmp_path / "runner-home-cache")  # the runner's ~/.cache
+    _plant_a_tool_env_in_the_runners_cache(Path(machine["XDG_CACHE_HOME"]), clone, record)
+    with (
+        kit.static_server(root, tmp_path / "index.log") as index,
+        kit.pypiserver(tmp_path / "packages", tmp_path / "pypiserver.log") as server,
+    ):
+        contexts = {
+            "vars": {"PIP_INDEX_URL": f"{index.url}/simple/"},
+            "matrix": cells[0],
+            "secrets": {"INDEX_UPLOAD_URL": server.url, "INDEX_USERNAME": "bot", "INDEX_PASSWORD": SECRET},
+        }
+        job = run_job(WORKFLOWS / "release.yml", "wheel", clone, contexts, machine, tmp_path / "steps")
+    publish = job.step("Build and publish")
+    assert not record.exists() or SECRET not in record.read_text()
+    assert publish.ran and publish.status == 0, publish.output[-4000:]
+    assert f"published {server.url}" in publish.output and SECRET not in publish.output
 
 
 def _plant_a_wheel_in_the_runners_cache(cache: Path, pin: str, kit: ModuleType) -> bytes:

@@ -155,6 +155,16 @@ def test_the_watch_job_runs_the_release_without_write_access_or_a_cache_to_save(
         assert not str(step.get("uses", "")).startswith(("actions/setup-python", "actions/cache"))
 
 
+def test_the_watch_job_installs_the_cage_before_it_watches() -> None:
+    """build.py watch refuses to run the scheduler tier without bwrap (the cage, W3/W4): the
+    watch job installs bubblewrap and checks it starts, before the Watch step."""
+    steps = _load(PROJECT_ROOT / ".github" / "workflows" / "watch.yml")["jobs"]["watch"]["steps"]
+    runs = [str(s.get("run", "")) for s in steps]
+    (cage,) = [i for i, r in enumerate(runs) if "apt-get install -y -q bubblewrap" in r]
+    (watching,) = [i for i, r in enumerate(runs) if "python build.py watch" in r]
+    assert cage < watching and "bwrap --ro-bind / / --unshare-all" in runs[cage]
+
+
 def test_no_cell_of_the_test_matrix_may_run_over_its_minutes() -> None:
     """Each cell of ``build.py matrix test`` is a run of ci.yml's tier job, which the forge stops
     at its timeout: that timeout is the matrix's budget (issue 31: no cell over 10 minutes)."""

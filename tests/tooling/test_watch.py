@@ -413,23 +413,60 @@ def test_untracked_files_in_the_new_pins_lists_are_refused_not_committed(repo_fo
 
 
 HOSTILE_BUILD_PY = """\
-# The new release's code as the scheduler tier runs it (its setup.py, then vLLM in the tests):
-# it writes into every environment and cache it is given, then exits as STATUS says.
-import json, os, pathlib, sys
+# The new release's code as the scheduler tier runs it. `test ... --plan FILE` plays the tool's
+# own first step, outside the cage (where vLLM's setup.py runs, in the wheel's build): it
+# appends a line to each project file TAMPER names and writes the plan, whose run is this file
+# again. That run (vLLM's code in the tier's tests) prints what it was given, writes into every
+# cache it is given, carries out the attacks ATTACK names (each line: a kind, then an absolute
+# path or a secret's name), and exits as STATUS says.
+import json, os, pathlib, subprocess, sys
+here = pathlib.Path(__file__).parent
+if "--plan" in sys.argv:
+    for name in ((here / "TAMPER").read_text().split() if (here / "TAMPER").exists() else []):
+        target = here / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text((target.read_text() if target.exists() else "") + "# from the release\\n")
+    plan = pathlib.Path(sys.argv[sys.argv.index("--plan") + 1])
+    plan.write_text(json.dumps({"argv": [sys.executable, __file__, "caged"], "cwd": str(here),
+                                "env": {"VLLM_RBLN_PIN": sys.argv[sys.argv.index("--pin") + 1]}}))
+    sys.exit(0)
 seen = {k: os.environ.get(k, "") for k in ("XDG_CACHE_HOME", "VLLM_RBLN_FORK_CACHE", "UV_LINK_MODE",
-        "VLLM_RBLN_FORK_BOOTSTRAPPED", "GITHUB_OUTPUT")}
+        "VLLM_RBLN_FORK_BOOTSTRAPPED", "GITHUB_OUTPUT", "VLLM_RBLN_PIN")}
+print("SEEN " + json.dumps(seen), flush=True)
 xdg = pathlib.Path(seen["XDG_CACHE_HOME"] or pathlib.Path.home() / ".cache")
-cache = pathlib.Path(seen["VLLM_RBLN_FORK_CACHE"])
-for planted in (xdg / "vllm-rbln-fork" / "tool-envs" / "planted", cache / "wheels" / "planted"):
-    planted.parent.mkdir(parents=True, exist_ok=True)
-    planted.write_text("from the release")
-pathlib.Path(__file__).with_name("seen.txt").write_text(json.dumps(seen))
-tamper = pathlib.Path(__file__).with_name("TAMPER")  # a project file to append a line to
-for name in (tamper.read_text().split() if tamper.exists() else []):
-    target = pathlib.Path(__file__).parent / name
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text((target.read_text() if target.exists() else "") + "# from the release\\n")
-sys.exit(int(pathlib.Path(__file__).with_name("STATUS").read_text()))
+for planted in (xdg / "vllm-rbln-fork" / "tool-envs" / "planted",
+                pathlib.Path(seen["VLLM_RBLN_FORK_CACHE"] or xdg) / "wheels" / "planted"):
+    try:
+        planted.parent.mkdir(parents=True, exist_ok=True)
+        planted.write_text("from the release")
+    except OSError as exc:
+        print(f"REFUSED {planted}: {exc}", flush=True)
+for line in ((here / "ATTACK").read_text().splitlines() if (here / "ATTACK").exists() else []):
+    kind, arg = line.split(" ", 1)
+    try:
+        if kind == "environ":  # the parent's, PID 1's, every process's it can read
+            for environ in sorted(pathlib.Path("/proc").glob("[0-9]*/environ")):
+                try:
+                    for var in environ.read_bytes().split(b"\\0"):
+                        if var.startswith(arg.encode() + b"="):
+                            print(f"LEAKED from {environ}: {var.decode()}", flush=True)
+                except OSError:
+                    pass
+        elif kind == "append":  # $GITHUB_OUTPUT, a shared patch, another pin's series, by path
+            with open(arg, "a") as out:
+                out.write("outcome=0\\n")
+        elif kind == "write":  # a new file in the user's tool envs, by path
+            pathlib.Path(arg).parent.mkdir(parents=True, exist_ok=True)
+            pathlib.Path(arg).write_text("from the release")
+        elif kind == "daemon":  # a process left running after the tier
+            subprocess.Popen([sys.executable, "-c", "import time\\nwhile True: time.sleep(1)", arg],
+                             start_new_session=True, stdin=subprocess.DEVNULL,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    except OSError as exc:
+        print(f"REFUSED {line}: {exc}", flush=True)
+    else:
+        print(f"MADE {line}", flush=True)
+sys.exit(int((here / "STATUS").read_text()))
 """
 
 
@@ -440,7 +477,7 @@ def hostile_tier(repo_fork: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     root = repo_fork.project.root
     (root / "build.py").write_text(HOSTILE_BUILD_PY)
     (root / "STATUS").write_text("0")
-    (root / ".gitignore").write_text("/work/\n/seen.txt\n/STATUS\n/TAMPER\n")
+    (root / ".gitignore").write_text("/work/\n/STATUS\n/TAMPER\n/ATTACK\n")
     _git(root, "add", "-A")
     _git(root, "commit", "-q", "-m", "build.py")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "user-cache"))
@@ -450,21 +487,99 @@ def hostile_tier(repo_fork: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     return tmp_path / "user-cache"
 
 
-def test_the_new_release_runs_caged_and_nothing_it_wrote_is_kept(repo_fork: Any, hostile_tier: Path) -> None:
+def _seen(out: str) -> dict[str, str]:
+    [line] = [line for line in out.splitlines() if line.startswith("SEEN ")]
+    return dict(json.loads(line.removeprefix("SEEN ")))
+
+
+def test_the_new_release_runs_caged_and_nothing_it_wrote_is_kept(
+    repo_fork: Any, hostile_tier: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     """The scheduler tier runs the unreviewed release's code: in a tool env, build cache and test
     venv of its own (a fresh XDG_CACHE_HOME and VLLM_RBLN_FORK_CACHE, build.py's re-exec marker
-    dropped, uv copying out of its cache), removed afterwards: the user's cache and the build
-    cache are untouched."""
-    fork, root = repo_fork, repo_fork.project.root
+    dropped), removed afterwards; its run in the cage gets the plan's variables and no other:
+    the user's cache and the build cache are untouched."""
+    fork = repo_fork
     moved = watch(fork.project, fork.spec())
     assert moved.outcome is Outcome.READY and moved.tier_passed is True, moved.tier
-    seen = json.loads((root / "seen.txt").read_text())
-    assert seen["UV_LINK_MODE"] == "copy" and seen["VLLM_RBLN_FORK_BOOTSTRAPPED"] == ""
-    assert seen["GITHUB_OUTPUT"] == ""  # it cannot write the watch step's outcome
-    for name in ("XDG_CACHE_HOME", "VLLM_RBLN_FORK_CACHE"):
-        assert seen[name] and not Path(seen[name]).exists(), name  # the cage is gone
+    seen = _seen(capfd.readouterr().out)
+    assert seen["VLLM_RBLN_PIN"] == "1.1"  # the plan's variable
+    # None of the caller's: no re-exec marker, no step outputs, no caches (the plan names none).
+    assert seen["VLLM_RBLN_FORK_BOOTSTRAPPED"] == seen["GITHUB_OUTPUT"] == seen["XDG_CACHE_HOME"] == ""
     assert not list(hostile_tier.rglob("planted"))
     assert not list(Path(os.environ["VLLM_RBLN_FORK_CACHE"]).rglob("planted"))
+
+
+def _running(token: str) -> list[int]:
+    """The processes whose command line holds ``token``."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if token.encode() in cmdline.read_bytes():
+                found.append(int(cmdline.parent.name))
+        except OSError:
+            pass
+    return found
+
+
+@pytest.mark.parametrize(
+    "attack", ["environ", "github-output", "tool-envs", "shared-patch", "other-series", "daemon"]
+)
+def test_the_caged_release_reaches_no_secret_output_cache_patch_or_lasting_process(
+    repo_fork: Any,
+    hostile_tier: Path,
+    attack: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """W3/W4: the release's code, run by the scheduler tier, (a) read the watcher's secrets in
+    /proc/<ppid>/environ (and /proc/1/environ), (b) appended to $GITHUB_OUTPUT, (c) wrote by
+    absolute path into the user's tool envs, a shared patch or another pin's series, (d) left a
+    process running. In the bubblewrap cage each has no effect, and the tier still passes."""
+    fork, root = repo_fork, repo_fork.project.root
+    secret = "planted-secret-52"
+    monkeypatch.setenv("WATCH_SECRET_52", secret)
+    shared = sorted((root / "patches").glob("*.patch"))[0]
+    token = f"left-running-{os.getpid()}-{attack}"
+    target = {
+        "environ": "environ WATCH_SECRET_52",
+        "github-output": f"append {os.environ['GITHUB_OUTPUT']}",
+        "tool-envs": f"write {hostile_tier / 'vllm-rbln-fork' / 'tool-envs' / 'env-x' / 'bin' / 'python'}",
+        "shared-patch": f"append {shared}",
+        "other-series": f"append {root / 'series' / '1.0'}",
+        "daemon": f"daemon {token}",
+    }[attack]
+    (root / "ATTACK").write_text(target + "\n")
+    Path(os.environ["GITHUB_OUTPUT"]).write_text("")
+    before = _supported_files(root)
+    try:
+        moved = watch(fork.project, fork.spec())
+        left = _running(token)
+    finally:
+        for pid in _running(token):
+            os.kill(pid, 9)
+    out = capfd.readouterr().out
+    assert moved.outcome is Outcome.READY and moved.tier_passed is True, moved.tier
+    assert secret not in out and "LEAKED" not in out
+    assert Path(os.environ["GITHUB_OUTPUT"]).read_text() == ""
+    assert not (hostile_tier / "vllm-rbln-fork" / "tool-envs").exists()
+    assert _supported_files(root) == before
+    assert _git(root, "show", "--name-only", "--format=", "HEAD").split().count(shared.name) == 0
+    assert left == []
+    assert f"MADE {target}" in out or f"REFUSED {target}" in out  # the attack was made
+
+
+def test_without_bwrap_the_watcher_refuses_and_names_the_package(
+    repo_fork: Any, hostile_tier: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No bubblewrap: the watcher refuses before anything changes, naming the package and the
+    way out (--no-tier); it never runs the tier uncaged."""
+    fork, root = repo_fork, repo_fork.project.root
+    monkeypatch.setattr(shutil, "which", lambda name, *a, **k: None)
+    head = _git(root, "rev-parse", "HEAD")
+    with pytest.raises(ForkError, match=r"install the bubblewrap package .*--no-tier"):
+        watch(fork.project, fork.spec())
+    assert _git(root, "rev-parse", "HEAD") == head and _git(root, "branch", "--list", "watch/*") == ""
 
 
 @pytest.mark.parametrize("tampered", ["shared-patch", "series/1.0", "rerere-record", "pins.toml"])
@@ -553,3 +668,56 @@ def test_the_tier_may_add_the_new_pins_lines_to_the_ledgers_and_nothing_else() -
         "fork-releases.toml", ledger, added.replace(b'tree = "a"', b'tree = "z"'), Pin.parse("1.1")
     )
     assert not _ledgers_agree("fork-releases.toml", ledger, added, Pin.parse("1.2"))
+
+
+HOSTILE_SETUP_PY = """\
+# The new release's setup.py, run by the wheel's build hook: it looks for a secret in every
+# /proc/*/environ, writes by absolute path outside its tree, leaves a process running, and fails.
+import pathlib, subprocess, sys
+for environ in sorted(pathlib.Path("/proc").glob("[0-9]*/environ")):
+    try:
+        if b"WATCH_SECRET_52=" in environ.read_bytes():
+            print(f"LEAKED from {environ}", flush=True)
+    except OSError:
+        pass
+try:
+    pathlib.Path(sys.argv[0]).resolve().parent.parent.joinpath("outside").write_text("from setup.py")
+    print("MADE outside", flush=True)
+except OSError as exc:
+    print(f"REFUSED outside: {exc}", flush=True)
+subprocess.Popen([sys.executable, "-c", "import time\\nwhile True: time.sleep(1)", "TOKEN"],
+                 start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                 stderr=subprocess.DEVNULL)
+sys.exit(3)
+"""
+
+
+def test_the_release_s_setup_py_builds_caged_and_reaches_no_secret_file_or_lasting_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """W3/W4 for the wheel's build: the watcher's first step (``--plan``) builds the new
+    release's wheel with its own setup.py. Under the watcher (``VLLM_RBLN_FORK_CAGE``, which
+    :func:`caged_env` sets) the build hook runs in bubblewrap: setup.py finds no secret of the
+    caller's, writes nothing outside its tree and the wheel's folder, and leaves no process."""
+    from vllm_rbln_fork.wheel import CAGE_ENV, build_wheel
+
+    token = f"setup-py-left-running-{os.getpid()}"
+    tree, out = tmp_path / "tree", tmp_path / "out"
+    tree.mkdir()
+    out.mkdir()
+    (tree / "setup.py").write_text(HOSTILE_SETUP_PY.replace("TOKEN", token))
+    (tmp_path / "cage").mkdir()
+    monkeypatch.setenv(CAGE_ENV, str(tmp_path / "cage"))
+    monkeypatch.setenv("WATCH_SECRET_52", "planted-secret-52")
+    try:
+        with pytest.raises(ForkError) as failed:  # setup.py exits 3; its output is in the error
+            build_wheel(tree, "1.0", 0, None, out)  # type: ignore[arg-type]
+        left = _running(token)
+    finally:
+        for pid in _running(token):
+            os.kill(pid, 9)
+    captured = capfd.readouterr()
+    said = str(failed.value) + captured.out + captured.err
+    assert "LEAKED" not in said and not (tmp_path / "outside").exists()
+    assert "MADE outside" in said or "REFUSED outside" in said  # setup.py ran
+    assert left == []

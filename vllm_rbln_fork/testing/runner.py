@@ -33,7 +33,7 @@ from pathlib import Path
 from .. import log, proc
 from ..apply import checkout_into
 from ..errors import ForkError
-from ..files import made_and_held, made_once, remove_unless_held, sha256_of
+from ..files import made_and_held, made_once, remove_unless_held, sha256_of, write_atomic
 from ..gitrepo import Repo
 from ..paths import PROJECT_ROOT, cache_root, upstream_repo_dir
 from ..pins import Pin
@@ -418,8 +418,17 @@ def run_tests(argv: list[str]) -> int:
     parser.add_argument(
         "--time-table", type=Path, metavar="FILE", help="also write the time table to FILE (a CI artifact)"
     )
+    parser.add_argument(
+        "--plan",
+        type=Path,
+        metavar="FILE",
+        help="with --tier scheduler and one --pin: make the wheel and the test venv, and write the "
+        "pytest run to FILE (JSON) instead of running it (the watcher runs it in its cage)",
+    )
     parser.add_argument("pytest_args", nargs="*", help="passed to every pytest run (after --)")
     args = parser.parse_args(argv)
+    if args.plan and (args.tier != ["scheduler"] or not args.pin or len(args.pin) != 1):
+        parser.error("--plan goes with --tier scheduler and one --pin")
     if args.time_table:
         from ..files import check_writable
 
@@ -428,6 +437,15 @@ def run_tests(argv: list[str]) -> int:
     # both removed however the run ends.
     with tempfile.TemporaryDirectory(prefix="test-reports-") as reports, run_bytecode_dir() as bytecode:
         return _run(args, Path(reports), bytecode)
+
+
+def _write_plan(plan: Path, python: Path, paths: list[str], env: dict[str, str], extra: list[str]) -> None:
+    """The scheduler tier's pytest run as JSON (``--plan``): its command, the folder it runs in
+    and the variables this run set for it (not the caller's environment: the cage hands on only
+    these). Its bytecode prefix is left to the caller (this run's is removed when it ends)."""
+    own = {k: v for k, v in env.items() if os.environ.get(k) != v and k != "PYTHONPYCACHEPREFIX"}
+    command = [str(python), "-m", "pytest", *paths, "-p", "no:cacheprovider", *DURATIONS, *extra]
+    write_atomic(plan, json.dumps({"argv": command, "cwd": str(PROJECT_ROOT), "env": own}, indent=1) + "\n")
 
 
 @contextmanager
@@ -542,7 +560,11 @@ def _run(args: argparse.Namespace, reports: Path, bytecode: Path) -> int:
             env["VLLM_RBLN_VARIANT_TREES"] = json.dumps(
                 variant_trees(patched, result.manifest.patched_commit)
             )
-            timed("scheduler", tag, python, ["tests/scheduler"], env, ["-n", "2", *args.pytest_args])
+            scheduler_args = ["-n", "2", *args.pytest_args]
+            if args.plan:
+                _write_plan(args.plan, python, ["tests/scheduler"], env, scheduler_args)
+                continue
+            timed("scheduler", tag, python, ["tests/scheduler"], env, scheduler_args)
         if "parity" in tiers:
             # Beside the time table when there is one (CI uploads that folder), else the cache.
             report_dir = args.time_table.parent if args.time_table else cache_root() / "parity" / "reports"
@@ -594,4 +616,6 @@ def _run(args: argparse.Namespace, reports: Path, bytecode: Path) -> int:
         + (f", {total.xfailed} expected failures (xfail)" if total.xfailed else "")
         + (f", {total.skipped} skipped" if total.skipped else "")
     )
+    if args.plan:  # no test ran: the plan is the run's result
+        return 0 if args.plan.is_file() else 1
     return 0 if total.failed == 0 and total.passed > 0 else 1

@@ -1,0 +1,80 @@
+"""The cage the watcher runs a new vLLM release's code in (docs/building.md, "The watcher's cage").
+
+bubblewrap (``bwrap``), at OS depth: the whole file system read-only (``--ro-bind / /``), a
+private ``/tmp`` (a tmpfs), a fresh ``/dev`` and ``/proc``, and namespaces of its own for
+PIDs, IPC, the network, UTS, cgroups and the user (``--unshare-all``): the caged code sees no
+process outside the cage (no ``/proc/<ppid>/environ``), reaches no network, and every
+process it starts dies with the cage (bwrap is the PID namespace's first process; when the
+tier's own process ends, the kernel kills the rest). Only the folders given as ``writable``
+are bound read-write. bwrap is started under ``env -i`` with the environment given and
+nothing else: ``--clearenv`` would still leave the caller's environment readable in
+``/proc/1/environ`` (bwrap's own, PID 1 inside).
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+from .errors import ForkError
+
+PACKAGE = "bubblewrap"
+
+
+def bwrap() -> str:
+    """The ``bwrap`` binary, or the refusal naming its package and the way out."""
+    found = shutil.which("bwrap")
+    if found is None:
+        raise ForkError(
+            f"the scheduler tier runs the new release's unreviewed code in a bubblewrap cage, and bwrap "
+            f"is not installed: install the {PACKAGE} package (apt-get install -y {PACKAGE}), or move "
+            "with --no-tier and run the tier on a machine of its own. The tier never runs uncaged."
+        )
+    return found
+
+
+def caged(
+    argv: Sequence[str],
+    *,
+    cwd: Path,
+    env: Mapping[str, str],
+    readable: Iterable[Path] = (),
+    writable: Iterable[Path] = (),
+) -> list[str]:
+    """The command line running ``argv`` in the cage, in ``cwd``, with ``env`` alone.
+
+    ``readable``: folders under ``/tmp`` the run reads (``/tmp`` itself is a fresh tmpfs in the
+    cage), bound read-only again; ``writable``: the only folders bound read-write (each made
+    here if missing)."""
+    binds: list[str] = []
+    for path in readable:
+        binds += ["--ro-bind", str(path), str(path)]
+    for path in writable:
+        path.mkdir(parents=True, exist_ok=True)
+        binds += ["--bind", str(path), str(path)]
+    return [
+        "env",
+        "-i",
+        *(f"{name}={value}" for name, value in env.items()),
+        bwrap(),
+        "--ro-bind",
+        "/",
+        "/",
+        "--dev",
+        "/dev",
+        "--tmpfs",
+        "/dev/shm",
+        "--proc",
+        "/proc",
+        "--tmpfs",
+        "/tmp",
+        *binds,
+        "--unshare-all",
+        "--die-with-parent",
+        "--new-session",
+        "--chdir",
+        str(cwd),
+        "--",
+        *argv,
+    ]
