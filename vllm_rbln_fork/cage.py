@@ -13,10 +13,12 @@ nothing else: ``--clearenv`` would still leave the caller's environment readable
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
+from . import log, proc
 from .errors import ForkError
 
 PACKAGE = "bubblewrap"
@@ -32,6 +34,25 @@ def bwrap() -> str:
             "with --no-tier and run the tier on a machine of its own. The tier never runs uncaged."
         )
     return found
+
+
+def install_for_tests() -> None:
+    """The tooling and e2e tiers drive the watcher, so they need bwrap: a fresh machine gets the
+    package here (as root, with apt-get), the way the run makes its own tool env; elsewhere the
+    run stops before any tier, naming the package."""
+    if shutil.which("bwrap"):
+        return
+    if not hasattr(os, "geteuid") or os.geteuid() != 0 or shutil.which("apt-get") is None:
+        raise ForkError(
+            f"the tooling and e2e tiers test the watcher's cage, bubblewrap, and bwrap is not installed: "
+            f"install the {PACKAGE} package (apt-get install -y {PACKAGE}) and run again"
+        )
+    log.info(f"installing {PACKAGE} (bwrap, the watcher's cage: docs/building.md) with apt-get")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    hint = f"install the {PACKAGE} package by hand (apt-get install -y {PACKAGE}) and run again"
+    proc.run(["apt-get", "update", "-qq"], env=env, hint=hint)
+    proc.run(["apt-get", "install", "-y", "-qq", PACKAGE], env=env, hint=hint)
+    bwrap()  # installed, or the refusal
 
 
 def caged(

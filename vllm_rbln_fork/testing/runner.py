@@ -30,7 +30,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import log, proc
+from .. import cage, log, proc
 from ..apply import checkout_into
 from ..errors import ForkError
 from ..files import made_and_held, made_once, remove_unless_held, sha256_of, write_atomic
@@ -493,6 +493,8 @@ def _run(args: argparse.Namespace, reports: Path, bytecode: Path) -> int:
         counts = _pytest(python, paths, env, reports / f"{tier}-{pin}.xml", extra)
         runs.append(TierRun(tier, pin, time.perf_counter() - start, counts))
 
+    if "tooling" in tiers or "e2e" in tiers:
+        cage.install_for_tests()
     if "tooling" in tiers:
         timed(
             "tooling",
