@@ -92,6 +92,10 @@ def caged(
         "/tmp",
         *binds,
         "--unshare-all",
+        # bwrap started by root keeps every capability inside its user namespace, and with
+        # CAP_SYS_ADMIN there `mount -o remount,bind,rw /` makes the read-only binds writable.
+        "--cap-drop",
+        "ALL",
         "--die-with-parent",
         "--new-session",
         "--chdir",

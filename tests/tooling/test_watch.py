@@ -458,6 +458,11 @@ for line in ((here / "ATTACK").read_text().splitlines() if (here / "ATTACK").exi
         elif kind == "write":  # a new file in the user's tool envs, by path
             pathlib.Path(arg).parent.mkdir(parents=True, exist_ok=True)
             pathlib.Path(arg).write_text("from the release")
+        elif kind == "remount":  # make the read-only binds writable again, then append by path
+            for point in ("/", str(here)):
+                subprocess.run(["mount", "-o", "remount,bind,rw", point], check=False)
+            with open(arg, "a") as out:
+                out.write("# from the release\\n")
         elif kind == "daemon":  # a process left running after the tier
             subprocess.Popen([sys.executable, "-c", "import time\\nwhile True: time.sleep(1)", arg],
                              start_new_session=True, stdin=subprocess.DEVNULL,
@@ -523,7 +528,7 @@ def _running(token: str) -> list[int]:
 
 
 @pytest.mark.parametrize(
-    "attack", ["environ", "github-output", "tool-envs", "shared-patch", "other-series", "daemon"]
+    "attack", ["environ", "github-output", "tool-envs", "shared-patch", "other-series", "remount", "daemon"]
 )
 def test_the_caged_release_reaches_no_secret_output_cache_patch_or_lasting_process(
     repo_fork: Any,
@@ -547,6 +552,7 @@ def test_the_caged_release_reaches_no_secret_output_cache_patch_or_lasting_proce
         "tool-envs": f"write {hostile_tier / 'vllm-rbln-fork' / 'tool-envs' / 'env-x' / 'bin' / 'python'}",
         "shared-patch": f"append {shared}",
         "other-series": f"append {root / 'series' / '1.0'}",
+        "remount": f"remount {shared}",
         "daemon": f"daemon {token}",
     }[attack]
     (root / "ATTACK").write_text(target + "\n")
