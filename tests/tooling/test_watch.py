@@ -13,6 +13,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -515,6 +516,17 @@ def test_the_new_release_runs_caged_and_nothing_it_wrote_is_kept(
     assert not list(Path(os.environ["VLLM_RBLN_FORK_CACHE"]).rglob("planted"))
 
 
+def _still_running(token: str) -> list[int]:
+    """The processes holding ``token`` that outlive the cage. When bwrap (the PID namespace's
+    first process) ends, the kernel kills the rest, but reaping them takes a moment: a caged
+    daemon was still listed right after bwrap returned and gone 50 ms later. So wait for them
+    to go, up to 10 s; one still there then was left running."""
+    deadline = time.monotonic() + 10
+    while (found := _running(token)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return found
+
+
 def _running(token: str) -> list[int]:
     """The processes whose command line holds ``token``."""
     found = []
@@ -560,7 +572,7 @@ def test_the_caged_release_reaches_no_secret_output_cache_patch_or_lasting_proce
     before = _supported_files(root)
     try:
         moved = watch(fork.project, fork.spec())
-        left = _running(token)
+        left = _still_running(token)
     finally:
         for pid in _running(token):
             os.kill(pid, 9)
@@ -718,7 +730,7 @@ def test_the_release_s_setup_py_builds_caged_and_reaches_no_secret_file_or_lasti
     try:
         with pytest.raises(ForkError) as failed:  # setup.py exits 3; its output is in the error
             build_wheel(tree, "1.0", 0, None, out)  # type: ignore[arg-type]
-        left = _running(token)
+        left = _still_running(token)
     finally:
         for pid in _running(token):
             os.kill(pid, 9)
