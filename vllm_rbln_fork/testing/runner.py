@@ -439,11 +439,11 @@ def run_tests(argv: list[str]) -> int:
         return _run(args, Path(reports), bytecode)
 
 
-def _write_plan(plan: Path, python: Path, paths: list[str], env: dict[str, str], extra: list[str]) -> None:
+def _write_plan(plan: Path, python: Path, paths: list[str], own: dict[str, str], extra: list[str]) -> None:
     """The scheduler tier's pytest run as JSON (``--plan``): its command, the folder it runs in
-    and the variables this run set for it (not the caller's environment: the cage hands on only
-    these). Its bytecode prefix is left to the caller (this run's is removed when it ends)."""
-    own = {k: v for k, v in env.items() if os.environ.get(k) != v and k != "PYTHONPYCACHEPREFIX"}
+    and ``own``, the variables this run sets for it, whatever the caller's environment holds (the
+    cage hands on only these). Its bytecode prefix is left to the caller (this run's is removed
+    when it ends)."""
     command = [str(python), "-m", "pytest", *paths, "-p", "no:cacheprovider", *DURATIONS, *extra]
     write_atomic(plan, json.dumps({"argv": command, "cwd": str(PROJECT_ROOT), "env": own}, indent=1) + "\n")
 
@@ -544,8 +544,8 @@ def _run(args: argparse.Namespace, reports: Path, bytecode: Path) -> int:
         upstream = source_tree(repo, result.manifest.upstream_commit, "upstream")
         python = held.enter_context(vllm_venv(result.wheel, _test_lock(pin, project)))
         runs.append(TierRun("setup", str(pin), time.perf_counter() - start, Counts()))
-        env = {
-            **base_env,
+        # The tiers' own variables, kept apart from the caller's: --plan hands on these alone.
+        tier_env = {
             "VLLM_RBLN_PIN": str(pin),
             "VLLM_RBLN_SOURCE_TREE": str(patched),
             "VLLM_RBLN_UPSTREAM_TREE": str(upstream),
@@ -557,14 +557,15 @@ def _run(args: argparse.Namespace, reports: Path, bytecode: Path) -> int:
             "TRANSFORMERS_OFFLINE": "1",
             **no_gpu_triton_env(pin),
         }
+        env = {**base_env, **tier_env}
         tag = str(pin)
         if "scheduler" in tiers:
-            env["VLLM_RBLN_VARIANT_TREES"] = json.dumps(
+            env["VLLM_RBLN_VARIANT_TREES"] = tier_env["VLLM_RBLN_VARIANT_TREES"] = json.dumps(
                 variant_trees(patched, result.manifest.patched_commit)
             )
             scheduler_args = ["-n", "2", *args.pytest_args]
             if args.plan:
-                _write_plan(args.plan, python, ["tests/scheduler"], env, scheduler_args)
+                _write_plan(args.plan, python, ["tests/scheduler"], tier_env, scheduler_args)
                 continue
             timed("scheduler", tag, python, ["tests/scheduler"], env, scheduler_args)
         if "parity" in tiers:
