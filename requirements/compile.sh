@@ -48,7 +48,7 @@ compile build "what \`python build.py --pin\` needs (and export, checkout, --rev
 compile test "the build lock plus what \`python build.py test\` needs (pytest, test servers)." "$@"
 compile dev "the test lock plus what development needs (\`python build.py lint\`: ruff, mypy)." "$@"
 compile vllm-test "vLLM's runtime dependencies for the scheduler and conformance tiers (their own venv)." "$@"
-compile vllm-test-0.32 "vLLM 0.32.0's and 0.33.0's runtime dependencies for the scheduler and conformance tiers (pins.toml)." "$@"
+compile vllm-test-0.32 "vLLM 0.32.0's runtime dependencies for the scheduler and conformance tiers (pins.toml)." "$@"
 compile vllm-test-0.34 "vLLM 0.34.0's runtime dependencies for the scheduler and conformance tiers (pins.toml)." "$@"
 compile vllm-test-0.30 "vLLM 0.30.0's runtime dependencies for the parity tier's reference venv (docs/parity.md)." "$@"
 compile consumer "numba for the consumer tier's venv, beside a pin's vLLM test lock (docs/adopting.md)." "$@"

@@ -1,11 +1,11 @@
 """A waiting request stalled on the encoder budget, under the RBLN scheduler.
 
-vLLM 0.33.0's ``test_waiting_encoder_stall_*`` (tests/v1/core/test_scheduler.py) check the
+vLLM's ``test_waiting_encoder_stall_*`` (new in 0.33.0) (tests/v1/core/test_scheduler.py) check the
 waiting loop's answer to a request none of whose tokens can be scheduled because its encoder
 input does not fit: it must not starve the requests behind it, it is counted as deferred (the
 DP load balancer's prefill-capacity signal, ``SchedulerStats.num_skipped_waiting_reqs``), and a
 request holding KV blocks goes back to the drain-first queue. They cannot run here (their Llava
-model config imports torchvision; tests/upstream/0.33.0/cannot-run.toml). Their branch sits
+model config imports torchvision; tests/upstream/0.34.0/cannot-run.toml). Their branch sits
 among the RBLN scheduler's hooks in that loop: a step with a waiting request is planned as an
 admission (``_choose_step_kind``), at most one prefill is admitted
 (``_should_schedule_waiting``), and a step that admitted nothing is planned again for the
