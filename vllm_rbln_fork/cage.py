@@ -137,15 +137,16 @@ def install_for_tests() -> None:
 
 
 def hidden(home: str | None = None) -> list[Path]:
-    """The folders the cage hides under empty tmpfs mounts: ``HIDDEN`` that are folders (not
-    ``/var/run`` where it is a link to ``/run``), and ``$HOME`` unless one of them (or ``/tmp``,
-    a tmpfs of its own) holds it already."""
+    """The folders the cage hides under empty tmpfs mounts: ``HIDDEN`` and ``$HOME``, where
+    they are folders, as their links resolve (``/var/run``, a link to ``/run``, is ``/run``;
+    a ``/home`` linked to ``/var/home`` is that), each unless another (or ``/tmp``, a tmpfs of
+    its own) holds it already."""
     found: list[Path] = []
     home = os.environ.get("HOME", "") if home is None else home
     for name in (*HIDDEN, home):
-        if not name or not os.path.isabs(name) or os.path.islink(name) or not os.path.isdir(name):
+        if not name or not os.path.isabs(name) or not os.path.isdir(name):
             continue
-        path = Path(os.path.normpath(name))
+        path = Path(os.path.realpath(name))
         if path == Path("/") or any(path == h or h in path.parents for h in [*found, Path("/tmp")]):
             continue
         found.append(path)

@@ -93,3 +93,20 @@ def test_a_bwrap_that_cannot_make_its_cage_stops_the_run_naming_the_cause(
 def test_the_real_bwrap_passes_the_probe() -> None:
     """This machine's bwrap makes its cage (the tiers that drive the watcher run here)."""
     assert cage.bwrap() == shutil.which("bwrap")
+
+
+def test_the_hidden_folders_are_home_and_run_as_their_links_resolve(tmp_path: Path) -> None:
+    """$HOME is hidden wherever it is, as its link resolves (a tmpfs over the link would
+    leave the folder itself in sight); not once more under /tmp; never / itself."""
+    from vllm_rbln_fork.paths import PROJECT_ROOT
+
+    base = cage.hidden("")
+    assert Path("/run") in base and Path("/tmp") not in base
+    assert cage.hidden("/") == base and cage.hidden(str(tmp_path)) == base  # /tmp is the cage's own
+    home = PROJECT_ROOT / "work" / f"home-{os.getpid()}-{uuid.uuid4().hex[:8]}"  # outside /tmp
+    home.mkdir(parents=True)
+    try:
+        (tmp_path / "home-link").symlink_to(home)
+        assert cage.hidden(str(tmp_path / "home-link")) == [*base, home]
+    finally:
+        home.rmdir()
