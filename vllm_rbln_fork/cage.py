@@ -209,8 +209,9 @@ def caged(
         *(arg for path in hiding for arg in ("--tmpfs", str(path))),
         *mounts,
         # The hidden folders' tmpfs mounts read-only too, once the binds in them are made: what
-        # the caged code writes goes into the writable folders alone.
-        *(arg for path in hiding for arg in ("--remount-ro", str(path))),
+        # the caged code writes goes into the writable folders alone (one bound over a hidden
+        # folder itself keeps its bind's mode).
+        *(arg for path in hiding if path not in {b for b, _ in binds} for arg in ("--remount-ro", str(path))),
         "--unshare-all",
         # bwrap started by root keeps every capability inside its user namespace, and with
         # CAP_SYS_ADMIN there `mount -o remount,bind,rw /` makes the read-only binds writable.
