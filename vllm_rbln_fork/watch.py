@@ -26,8 +26,9 @@ The new release's own code (its ``setup.py``, then vLLM itself in the tests) is 
 the scheduler tier makes its wheel and test venv in a fresh tool environment, build cache and
 venv folder that are removed afterwards and that nothing reuses, then runs its tests in a
 bubblewrap cage (:func:`_scheduler_tier`, :mod:`.cage`; docs/building.md, "The watcher's
-cage"): everything read-only but a scratch folder, its own PIDs and network, the plan's
-variables alone.
+cage"): everything read-only but a scratch folder, ``/run``, ``/home``, ``/root`` and ``$HOME``
+hidden but for the Python, project and cage folder it runs from, its own PIDs and network,
+the plan's variables alone.
 """
 
 from __future__ import annotations
@@ -496,10 +497,11 @@ def _scheduler_tier(project: Project, target: Pin) -> tuple[str, bool]:
     cage, ``--plan``: the tool makes the wheel and the test venv in a tool env, build cache and
     test venv of the cage's own (:func:`caged_env`), removed afterwards, and writes the pytest
     run down. Then that run (vLLM's code in the tier's tests) in bubblewrap (:mod:`.cage`): the
-    file system read-only (the venv and the project with it), its own PIDs, network and
-    ``/tmp``, an environment of the plan's variables alone, one scratch folder writable. A
-    failure of the tier's tests (exit 1) is work by hand; any other exit (the tool could not
-    build or start: an index out of reach, a broken lock) is the watcher's own error, raised."""
+    file system read-only (the venv and the project with it), ``/run`` and the home folders
+    hidden, its own PIDs, network and ``/tmp``, an environment of the plan's variables alone,
+    one scratch folder writable. A failure of the tier's tests (exit 1) is work by hand; any
+    other exit (the tool could not build or start: an index out of reach, a broken lock) is the
+    watcher's own error, raised."""
     build_py = project.root / "build.py"
     if not build_py.is_file():
         raise ForkError(

@@ -78,6 +78,7 @@ def test_ci_first_job_runs_the_tooling_tier_lint_and_makes_the_matrix(
         assert step.status == 0, f"{step.name} failed:\n{step.output[-4000:]}"
     assert [s.name for s in ran] == [
         "Package index",
+        "The cage (bubblewrap, for the tiers that drive the watcher)",
         "Tooling tier (the workflows' actionlint included)",
         "Lint (ruff, mypy, the series)",
         "Matrix from pins.toml",

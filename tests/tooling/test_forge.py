@@ -165,6 +165,24 @@ def test_the_watch_job_installs_the_cage_before_it_watches() -> None:
     assert cage < watching and "bwrap --ro-bind / / --unshare-all" in runs[cage]
 
 
+def test_ci_installs_the_cage_before_the_tiers_that_drive_the_watcher() -> None:
+    """Review finding 6: CI's tooling tier and its matrix's e2e cells drive the watcher's cage
+    (bwrap), and ci.yml had no cage step: on a runner without bubblewrap, or with Ubuntu
+    24.04's AppArmor keeping unprivileged user namespaces from it, they fail. Each job that
+    runs `build.py test` installs bubblewrap, lifts the restriction and probes bwrap first,
+    as watch.yml's job does."""
+    jobs = _load(PROJECT_ROOT / ".github" / "workflows" / "ci.yml")["jobs"]
+    testing = {name: job for name, job in jobs.items() if "build.py test" in str(job["steps"])}
+    assert {"tooling", "tier"} <= set(testing)
+    for name in ("tooling", "tier"):
+        runs = [str(s.get("run", "")) for s in jobs[name]["steps"]]
+        (cage,) = [i for i, r in enumerate(runs) if "apt-get install -y -q bubblewrap" in r]
+        (first,) = [i for i, r in enumerate(runs) if "python build.py test " in r]
+        assert cage < first, name
+        assert "sysctl -w kernel.apparmor_restrict_unprivileged_userns=0" in runs[cage], name
+        assert "bwrap --ro-bind / / --unshare-all --die-with-parent true" in runs[cage], name
+
+
 def test_no_cell_of_the_test_matrix_may_run_over_its_minutes() -> None:
     """Each cell of ``build.py matrix test`` is a run of ci.yml's tier job, which the forge stops
     at its timeout: that timeout is the matrix's budget (issue 31: no cell over 10 minutes)."""

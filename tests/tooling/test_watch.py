@@ -11,11 +11,14 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
+import threading
 import time
+import uuid
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -419,7 +422,7 @@ HOSTILE_BUILD_PY = """\
 # appends a line to each project file TAMPER names and writes the plan, whose run is this file
 # again. That run (vLLM's code in the tier's tests) prints what it was given, writes into every
 # cache it is given, carries out the attacks ATTACK names (each line: a kind, then an absolute
-# path or a secret's name), and exits as STATUS says.
+# path or a secret's name; what it read is printed after LEAKED), and exits as STATUS says.
 import json, os, pathlib, subprocess, sys
 here = pathlib.Path(__file__).parent
 if "--plan" in sys.argv:
@@ -453,6 +456,14 @@ for line in ((here / "ATTACK").read_text().splitlines() if (here / "ATTACK").exi
                             print(f"LEAKED from {environ}: {var.decode()}", flush=True)
                 except OSError:
                     pass
+        elif kind == "read":  # a file of the runner's (a token, a key) by path; 0600 stops no root
+            print(f"LEAKED from {arg}: {pathlib.Path(arg).read_text()}", flush=True)
+        elif kind == "connect":  # a file-system Unix socket (docker's, a bus) by path
+            import socket
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+                client.settimeout(10)
+                client.connect(arg)
+                client.sendall(b"from the release\\n")
         elif kind == "append":  # $GITHUB_OUTPUT, a shared patch, another pin's series, by path
             with open(arg, "a") as out:
                 out.write("outcome=0\\n")
@@ -477,9 +488,24 @@ sys.exit(int((here / "STATUS").read_text()))
 
 
 @pytest.fixture
-def hostile_tier(repo_fork: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def outside() -> Iterator[Path]:
+    """A folder of the test's own under ``$HOME``, removed afterwards: the cage's ``/tmp`` is a
+    tmpfs of its own, so an attack on a file under the host's ``/tmp`` shows nothing about the
+    rest of the file system (review finding 4); ``$HOME`` holds the runner's tokens and keys."""
+    folder = Path.home() / f".cage-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    folder.mkdir(mode=0o700)
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def hostile_tier(repo_fork: Any, outside: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The fork with a build.py whose ``test`` plays the unreviewed release, and a user cache
-    (``XDG_CACHE_HOME``) of the test's own; its STATUS file is the tier's exit."""
+    (``XDG_CACHE_HOME``) and step-outputs file of the test's own, under ``$HOME`` (``outside``,
+    not ``/tmp``); its STATUS file is the tier's exit."""
+    tmp_path = outside
     root = repo_fork.project.root
     (root / "build.py").write_text(HOSTILE_BUILD_PY)
     (root / "STATUS").write_text("0")
@@ -539,12 +565,68 @@ def _running(token: str) -> list[int]:
     return found
 
 
+class _Served:
+    """A file-system Unix socket the test serves (as docker serves /run/docker.sock): what
+    connected to it, and what it was sent."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.heard = path, []
+        self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._server.bind(str(path))
+        self._server.listen()
+        self._server.settimeout(0.2)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._server.accept()
+            except (TimeoutError, OSError):
+                continue
+            with conn:
+                conn.settimeout(5)
+                try:
+                    self.heard.append(conn.recv(1024))
+                except OSError:
+                    self.heard.append(b"")
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._server.close()
+        self.path.unlink(missing_ok=True)
+
+
+def _run_socket_folder() -> Path:
+    """Where under /run the test may serve a socket (root's /run, or the user's /run/user/<uid>)."""
+    for folder in (Path("/run"), Path(f"/run/user/{os.getuid()}")):
+        if folder.is_dir() and not folder.is_symlink() and os.access(folder, os.W_OK):
+            return folder
+    pytest.skip("no folder under /run is writable here, so no socket can be served there")
+
+
 @pytest.mark.parametrize(
-    "attack", ["environ", "github-output", "tool-envs", "shared-patch", "other-series", "remount", "daemon"]
+    "attack",
+    [
+        "environ",
+        "github-output",
+        "tool-envs",
+        "shared-patch",
+        "other-series",
+        "remount",
+        "daemon",
+        "home-secret",
+        "home-socket",
+        "run-socket",
+        "work-append",
+    ],
 )
 def test_the_caged_release_reaches_no_secret_output_cache_patch_or_lasting_process(
     repo_fork: Any,
     hostile_tier: Path,
+    outside: Path,
     attack: str,
     monkeypatch: pytest.MonkeyPatch,
     capfd: pytest.CaptureFixture[str],
@@ -552,12 +634,28 @@ def test_the_caged_release_reaches_no_secret_output_cache_patch_or_lasting_proce
     """W3/W4: the release's code, run by the scheduler tier, (a) read the watcher's secrets in
     /proc/<ppid>/environ (and /proc/1/environ), (b) appended to $GITHUB_OUTPUT, (c) wrote by
     absolute path into the user's tool envs, a shared patch or another pin's series, (d) left a
-    process running. In the bubblewrap cage each has no effect, and the tier still passes."""
+    process running. Review finding 2: (e) it read a 0600 file under $HOME (the runner's token;
+    as root, 0600 stops nothing) and (f) connected to a Unix socket served under $HOME or /run
+    (as /run/docker.sock is); finding 4: (g) it appended to a file outside /tmp, in the
+    project's work dir (every target but the project's is outside /tmp: under $HOME). In the
+    bubblewrap cage each has no effect, and the tier still passes."""
+    from vllm_rbln_fork.paths import PROJECT_ROOT
+
     fork, root = repo_fork, repo_fork.project.root
     secret = "planted-secret-52"
     monkeypatch.setenv("WATCH_SECRET_52", secret)
     shared = sorted((root / "patches").glob("*.patch"))[0]
     token = f"left-running-{os.getpid()}-{attack}"
+    kept = outside / "runner-token"  # 0600, as the runner's credentials are
+    kept.write_text("token-kept-in-home-52\n")
+    kept.chmod(0o600)
+    work = PROJECT_ROOT / "work" / outside.name  # the project's work dir: outside /tmp and $HOME
+    work.mkdir(parents=True)
+    (work / "notes").write_text("")
+    served = None
+    if attack in ("home-socket", "run-socket"):
+        folder = outside if attack == "home-socket" else _run_socket_folder()
+        served = _Served(folder / f"{outside.name}.sock")
     target = {
         "environ": "environ WATCH_SECRET_52",
         "github-output": f"append {os.environ['GITHUB_OUTPUT']}",
@@ -566,6 +664,10 @@ def test_the_caged_release_reaches_no_secret_output_cache_patch_or_lasting_proce
         "other-series": f"append {root / 'series' / '1.0'}",
         "remount": f"remount {shared}",
         "daemon": f"daemon {token}",
+        "home-secret": f"read {kept}",
+        "home-socket": f"connect {served.path if served else ''}",
+        "run-socket": f"connect {served.path if served else ''}",
+        "work-append": f"append {work / 'notes'}",
     }[attack]
     (root / "ATTACK").write_text(target + "\n")
     Path(os.environ["GITHUB_OUTPUT"]).write_text("")
@@ -576,14 +678,20 @@ def test_the_caged_release_reaches_no_secret_output_cache_patch_or_lasting_proce
     finally:
         for pid in _running(token):
             os.kill(pid, 9)
+        if served:
+            served.close()
+        noted = (work / "notes").read_text()
+        shutil.rmtree(work)
     out = capfd.readouterr().out
     assert moved.outcome is Outcome.READY and moved.tier_passed is True, moved.tier
-    assert secret not in out and "LEAKED" not in out
+    assert secret not in out and "LEAKED" not in out and "token-kept-in-home-52" not in out
     assert Path(os.environ["GITHUB_OUTPUT"]).read_text() == ""
     assert not (hostile_tier / "vllm-rbln-fork" / "tool-envs").exists()
     assert _supported_files(root) == before
     assert _git(root, "show", "--name-only", "--format=", "HEAD").split().count(shared.name) == 0
     assert left == []
+    assert served is None or served.heard == [], served.heard  # no connection reached the socket
+    assert noted == ""
     assert f"MADE {target}" in out or f"REFUSED {target}" in out  # the attack was made
 
 
