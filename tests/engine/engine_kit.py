@@ -566,7 +566,11 @@ class KVEventRouter:
         init_none_hash(self.hash_function)  # as the engine core did: the first block's parent
         self.scheduler = llm.llm_engine.engine_core.engine_core.scheduler
         self.pool = self.scheduler.kv_cache_manager.block_pool
-        self.replay = EventReplay(self.pool.hash_block_size, self.hash_function)
+        self.replay = EventReplay(
+            self.pool.hash_block_size,
+            self.hash_function,
+            num_hash_lookahead_tokens=getattr(llm.llm_engine.vllm_config, "num_hash_lookahead_tokens", 0),
+        )
         self.decoder = msgspec.msgpack.Decoder(type=KVEventBatch)
         self.socket = zmq.Context.instance().socket(zmq.SUB)
         self.socket.setsockopt(zmq.SUBSCRIBE, b"")

@@ -63,3 +63,23 @@ def _require_source_tree() -> None:
 def source_tree() -> Path:
     assert _SOURCE_TREE is not None
     return Path(_SOURCE_TREE)
+
+
+@pytest.fixture(scope="session")
+def eagle_draft(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An EAGLE draft model's directory for `sched_harness.with_eagle`: a tiny Llama
+    `config.json`, no weights (the scheduler never loads a model)."""
+    from transformers import LlamaConfig
+
+    path = tmp_path_factory.mktemp("eagle-draft")
+    LlamaConfig(
+        vocab_size=50272,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=2048,
+        architectures=["LlamaForCausalLM"],
+    ).save_pretrained(path)
+    return path

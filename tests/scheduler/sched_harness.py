@@ -178,12 +178,16 @@ def make_request(
     priority: int = 0,
     arrival_time: float | None = None,
     hash_block_size: int = BLOCK_SIZE,
+    num_hash_lookahead_tokens: int = 0,
+    cache_salt: str | None = None,
 ) -> Request:
     """A request as `tests.v1.core.utils.create_requests` makes one, with the
     prompt, length and priority chosen per request. `hash_block_size` is the
     prefix-hash granularity, as the engine core hashes requests: the
     scheduler's `hash_block_size` (the sub-block size when sub-block caching
-    is on)."""
+    is on); `num_hash_lookahead_tokens`, the tokens after each block its hash
+    covers (the `VllmConfig`'s, vLLM 0.34.0 on: an EAGLE drafter's); `cache_salt`,
+    the request's salt (an extra key of its first block's hash)."""
     from tests.v1.core.utils import EOS_TOKEN_ID, create_requests
     from vllm.sampling_params import SamplingParams
     from vllm.utils.hashing import sha256
@@ -197,12 +201,16 @@ def make_request(
     kwargs: dict[str, Any] = {}
     if arrival_time is not None:
         kwargs["arrival_time"] = arrival_time
+    if cache_salt is not None:
+        kwargs["cache_salt"] = cache_salt
+    # The lookahead is an argument from vLLM 0.34.0 on; earlier hashers have none.
+    lookahead = {"num_hash_lookahead_tokens": num_hash_lookahead_tokens} if num_hash_lookahead_tokens else {}
     return Request(
         request_id=request_id,
         prompt_token_ids=list(prompt_token_ids),
         sampling_params=sampling_params,
         pooling_params=None,
-        block_hasher=get_request_block_hasher(hash_block_size, sha256),
+        block_hasher=get_request_block_hasher(hash_block_size, sha256, **lookahead),
         priority=priority,
         **kwargs,
     )
@@ -250,6 +258,40 @@ def with_kv_events(scheduler_cls: Any, async_scheduling: bool) -> Callable[..., 
 
     def make(*, vllm_config: Any, **kwargs: Any) -> Scheduler:
         vllm_config.kv_events_config = KVEventsConfig(enable_kv_cache_events=True, publisher="null")
+        return cls(vllm_config=vllm_config, **kwargs)
+
+    return make
+
+
+def with_eagle(
+    scheduler_cls: Any, eagle_draft: str | Path, *, hash_lookahead: bool = False
+) -> Callable[..., Scheduler]:
+    """`scheduler_cls` (None: upstream's `Scheduler`) built with an EAGLE drafter of
+    `NUM_SPEC_TOKENS` drafts: vLLM builds its `SpeculativeConfig` from the draft's
+    Hugging Face config (the `eagle_draft` fixture's, no weights), attached to the
+    harness's `VllmConfig` as the engine does after resolving it.
+
+    `hash_lookahead`: the `VllmConfig`'s `num_hash_lookahead_tokens` resolved again with
+    the drafter attached, as vLLM 0.34.0 resolves it (the tokens after a block its hash
+    covers: EAGLE's draft KV at a block's last position reads the next token); the
+    harness's config was resolved without it (0). Requests are then hashed with it
+    (`make_request(num_hash_lookahead_tokens=...)`). Before 0.34.0 there is none."""
+    from vllm.config import SpeculativeConfig
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    cls = scheduler_cls or Scheduler
+
+    def make(*, vllm_config: Any, **kwargs: Any) -> Scheduler:
+        vllm_config.speculative_config = SpeculativeConfig(
+            method="eagle",
+            model=str(eagle_draft),
+            num_speculative_tokens=NUM_SPEC_TOKENS,
+            target_model_config=vllm_config.model_config,
+            target_parallel_config=vllm_config.parallel_config,
+        )
+        resolve = getattr(vllm_config, "_resolve_num_hash_lookahead_tokens", None)
+        if hash_lookahead and resolve is not None:
+            vllm_config.num_hash_lookahead_tokens = resolve()
         return cls(vllm_config=vllm_config, **kwargs)
 
     return make
@@ -353,7 +395,12 @@ class Driver:
         if self.events is None and scheduler.enable_kv_cache_events:
             from vllm.utils.hashing import sha256
 
-            self.events = EventReplay(scheduler.kv_cache_manager.block_pool.hash_block_size, sha256)
+            self.events = EventReplay(
+                scheduler.kv_cache_manager.block_pool.hash_block_size,
+                sha256,
+                # What the engine core hashes requests with (vLLM 0.34.0 on; none before).
+                num_hash_lookahead_tokens=getattr(scheduler.vllm_config, "num_hash_lookahead_tokens", 0),
+            )
             scheduler.kv_event_publisher = RecordingPublisher(self.events)  # type: ignore[assignment]
 
     def add(self, request: Request) -> None:

@@ -2,9 +2,10 @@
 tested).
 
 vLLM builds an EAGLE `SpeculativeConfig` from the draft model's Hugging Face
-config; the test writes a tiny Llama `config.json` (no weights: the
-scheduler never loads a model) and attaches the config to the harness's
-`VllmConfig`, as the engine does after resolving it. Upstream's lookahead
+config; the `eagle_draft` fixture (conftest.py) writes a tiny Llama
+`config.json` (no weights: the scheduler never loads a model) and
+`sched_harness.with_eagle` attaches the config to the harness's `VllmConfig`,
+as the engine does after resolving it. Upstream's lookahead
 for EAGLE is `num_spec_tokens` already (ngram's is 0), so these runs check
 the RBLN policy with a lookahead upstream asked for, and the async P/D case
 of the design: while an async KV load is in flight the waiting loop
@@ -23,45 +24,14 @@ import sched_harness as h
 SPEC = h.NUM_SPEC_TOKENS
 
 
-@pytest.fixture(scope="module")
-def eagle_draft(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from transformers import LlamaConfig
-
-    path = tmp_path_factory.mktemp("eagle-draft")
-    LlamaConfig(
-        vocab_size=50272,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=2048,
-        architectures=["LlamaForCausalLM"],
-    ).save_pretrained(path)
-    return path
-
-
 def make(eagle_draft: Path, rbln: bool = True, **kwargs: Any) -> Any:
     from sched_harness import create_scheduler
-    from vllm.config import SpeculativeConfig
-    from vllm.v1.core.sched.scheduler import Scheduler
 
-    cls = h._rbln_scheduler_cls() if rbln else Scheduler
-
-    def factory(*, vllm_config: Any, **scheduler_kwargs: Any) -> Any:
-        vllm_config.speculative_config = SpeculativeConfig(
-            method="eagle",
-            model=str(eagle_draft),
-            num_speculative_tokens=SPEC,
-            target_model_config=vllm_config.model_config,
-            target_parallel_config=vllm_config.parallel_config,
-        )
-        return cls(vllm_config=vllm_config, **scheduler_kwargs)
-
+    cls = h._rbln_scheduler_cls() if rbln else None
     kwargs.setdefault("block_size", h.BLOCK_SIZE)
     kwargs.setdefault("max_num_batched_tokens", h.PREFILL_CHUNK)
     kwargs.setdefault("max_model_len", 256)
-    return create_scheduler(scheduler_cls=factory, **kwargs)  # type: ignore[arg-type]
+    return create_scheduler(scheduler_cls=h.with_eagle(cls, eagle_draft), **kwargs)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("rbln", [True, False], ids=["rbln", "upstream"])

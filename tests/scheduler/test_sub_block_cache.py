@@ -1446,3 +1446,103 @@ def test_on_by_default_for_a_sliding_window_layout(layout: str) -> None:
     """The default (no size given) takes sub-blocks at the prefill chunk on these layouts
     too, as vllm-rbln 0.12.0 does; the hybrid coordinator's partial hits are on."""
     assert_sub_blocks(make_window_scheduler(layout, 32, {}, chunk=8), 8)
+
+
+# KV events of sub-blocks with an EAGLE drafter and a cache salt (issue 51, item 1). From
+# vLLM 0.34.0 an EAGLE drafter's block hash covers the token after the block
+# (`num_hash_lookahead_tokens` = 1), and a `BlockStored` names those tokens
+# (`lookahead_token_ids`) next to each hash's extra keys; the replay recomputes every
+# stored hash from them (kv_event_replay.py). Before 0.34.0 nothing is hashed past a block.
+
+
+class KeepingPublisher(h.RecordingPublisher):
+    """The Driver's publisher, keeping every event it replays."""
+
+    def __init__(self, replay: Any) -> None:
+        super().__init__(replay)
+        self.events: list[Any] = []
+
+    def publish(self, events: Any) -> None:
+        self.events.extend(events.events)
+        super().publish(events)
+
+
+def test_sub_block_events_give_the_extra_keys_of_the_hash_s_lookahead(eagle_draft: Path) -> None:
+    """Sub-blocks of 4 under an EAGLE drafter: A (30 tokens) runs; B shares 22 of them and
+    hits A's sub-block entries to 20, inside A's second block; C has A's prompt with a
+    cache salt, so it hits nothing of A's (the salt keys its first sub-block); D shares
+    C's salt and 22 tokens, and hits C's entries to 20 (16 before 0.34.0, EAGLE's drop of
+    a hit's last hash unit). Every `BlockStored` is recomputed
+    by the replay from its tokens, extra keys (C's and D's salt on their first sub-block)
+    and, at 0.34.0, the token after each sub-block; the replay equals the pool after every
+    step. Shown failing with the patch's events built without the lookahead tokens (see
+    the commit that added this test)."""
+    from vllm.distributed.kv_events import BlockStored
+    from vllm_release import vllm_release
+
+    scheduler_cls = h.with_kv_events(
+        h.with_eagle(h.rbln_scheduler_factory(h.sub_block_settings(4)), eagle_draft, hash_lookahead=True),
+        False,
+    )
+    scheduler = make_scheduler_with(scheduler_cls, num_blocks=30)
+    assert_sub_blocks(scheduler, 4)
+    lookahead = scheduler.vllm_config.num_hash_lookahead_tokens if vllm_release() >= (0, 34) else 0
+    assert lookahead == (1 if vllm_release() >= (0, 34) else 0)
+    assert scheduler.num_spec_tokens == h.NUM_SPEC_TOKENS
+    driver = h.Driver(scheduler)
+    assert driver.events is not None and driver.events.num_hash_lookahead_tokens == lookahead
+    publisher = KeepingPublisher(driver.events)
+    scheduler.kv_event_publisher = publisher  # type: ignore[assignment]
+
+    def request(req_id: str, tokens: list[int], salt: str | None = None) -> Any:
+        return h.make_request(
+            req_id,
+            tokens,
+            max_tokens=6,
+            hash_block_size=4,
+            num_hash_lookahead_tokens=lookahead,
+            cache_salt=salt,
+        )
+
+    def admit(req: Any) -> tuple[int, int]:
+        """The request's hit as a router reading the events finds it before the request
+        runs, and as the scheduler gives it; the request then runs to the end."""
+        routed = driver.events.hit_tokens(req.block_hashes)  # type: ignore[union-attr]
+        driver.add(req)
+        record = driver.step()
+        assert req.request_id in record.prefill_req_ids
+        hit = record.num_computed_before[req.request_id]
+        driver.run(40, until=[req.request_id])
+        assert req.request_id in driver.finished
+        return routed, hit
+
+    # B's hit: the events hold A's entries to 20 (inside A's second block). With the hash
+    # lookahead the scheduler hits all of it; without (before 0.34.0) EAGLE drops the
+    # hit's last hash unit, a sub-block (upstream's rule: the drafter needs the position
+    # before the first computed one), which a router does not see.
+    shared = (20, 20 if lookahead else 16)
+    a_prompt = prompt(30, seed=1)
+    b_prompt = a_prompt[:22] + prompt(18, seed=2)
+    assert admit(request("A", a_prompt)) == (0, 0)
+    assert admit(request("B", b_prompt)) == shared
+    assert admit(request("C", a_prompt, salt="salt-1")) == (0, 0)
+    assert admit(request("D", b_prompt, salt="salt-1")) == shared
+    h.assert_all_blocks_free(scheduler)
+
+    stored = [event for event in publisher.events if isinstance(event, BlockStored)]
+    assert stored and {event.block_size for event in stored} == {4}
+    assert driver.events.num_stored == sum(len(event.block_hashes) for event in stored)
+    # The salt is an extra key of the salted requests' first sub-block, and only there.
+    first = [event for event in stored if event.parent_block_hash is None]
+    salted = [event for event in first if event.extra_keys and event.extra_keys[0] is not None]
+    assert len(salted) == 1 and "salt-1" in salted[0].extra_keys[0]
+    assert all(keys is None for event in stored for keys in (event.extra_keys or [None])[1:])
+    for event in stored:
+        named = getattr(event, "lookahead_token_ids", None)
+        if lookahead:
+            # The token after each sub-block: the next sub-block's first, for all but the last.
+            assert named is not None and len(named) == len(event.block_hashes)
+            tokens = event.token_ids
+            assert named[:-1] == [[tokens[4 * (i + 1)]] for i in range(len(named) - 1)]
+        else:
+            assert named is None
