@@ -162,7 +162,9 @@ def groups(w: Workload) -> list[Any] | None:
     for i, window in enumerate(w.windows):
         out.append(KVCacheGroupSpec([f"sliding{i}"], SlidingWindowSpec(**shape, sliding_window=window)))
     if w.chunk is not None:
-        out.append(KVCacheGroupSpec(["chunked"], ChunkedLocalAttentionSpec(**shape, attention_chunk_size=w.chunk)))
+        out.append(
+            KVCacheGroupSpec(["chunked"], ChunkedLocalAttentionSpec(**shape, attention_chunk_size=w.chunk))
+        )
     return out
 
 
@@ -363,7 +365,9 @@ def random_workload(
     # cache manager off, and upstream's `Scheduler._connector_finished` asserts one group
     # (a drawn connector next to two groups crashed both sides: the simulation's error).
     with_connector = (
-        connector if connector is not None else (mode == "sync" and rng.random() < 1 / 3 and layout in ("full", "mla"))
+        connector
+        if connector is not None
+        else (mode == "sync" and rng.random() < 1 / 3 and layout in ("full", "mla"))
     )
     reqs = []
     for _ in range(rng.randint(2, 6)):

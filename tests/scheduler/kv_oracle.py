@@ -168,7 +168,11 @@ class KVOracle:
         # vllm-rbln's side of the parity tier runs an unpatched vLLM, which has none. (Sub-block
         # caching has no chunked-local form: the RBLN scheduler refuses a chunked-local group
         # with a sub-block size, rule 3 of rbln_sub_block.py.)
-        followed: tuple[type, ...] = (FullAttentionManager, SlidingWindowManager, ChunkedLocalAttentionManager)
+        followed: tuple[type, ...] = (
+            FullAttentionManager,
+            SlidingWindowManager,
+            ChunkedLocalAttentionManager,
+        )
         try:
             from vllm.v1.core.sched.rbln_kv_cache import RBLNFullAttentionManager, RBLNSlidingWindowManager
         except ModuleNotFoundError:

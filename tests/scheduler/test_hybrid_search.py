@@ -188,7 +188,17 @@ def test_the_oracle_and_the_event_replay_follow_every_layout_of_the_search(layou
 def _full_and_chunked(chunk: int, side: s.Side = "rbln", sub_block: int | None = None) -> Any:
     """A scheduler over full attention next to a chunked-local group of ``chunk``."""
     w = s.Workload(
-        "full+chunked", (), sub_block, "sync", "fcfs", 0, 8, None, 0, (s.Req(0, 40, 4, False, 4, 0, 0, None),), chunk
+        "full+chunked",
+        (),
+        sub_block,
+        "sync",
+        "fcfs",
+        0,
+        8,
+        None,
+        0,
+        (s.Req(0, 40, 4, False, 4, 0, 0, None),),
+        chunk,
     )
     return s.make(w, side)
 
@@ -227,7 +237,9 @@ def test_the_oracle_follows_a_chunked_local_group_s_chunk() -> None:
     assert scheduler.requests["B"].num_computed_tokens == 16
     manager = scheduler.kv_cache_manager.coordinator.single_type_managers[1]
     manager.req_to_blocks["B"][0] = null  # a manager that nulled a block inside the chunk
-    with pytest.raises(KVContentsError, match=r"stale read: B attends position 0 in block \d+ \(the null block\)"):
+    with pytest.raises(
+        KVContentsError, match=r"stale read: B attends position 0 in block \d+ \(the null block\)"
+    ):
         driver.step()
 
 
@@ -241,7 +253,11 @@ def test_sub_block_caching_refuses_a_chunked_local_group(chunk: int) -> None:
     from vllm.v1.core.sched.rbln_sub_block import SubBlockCacheConfigError
     from vllm.v1.core.single_type_kv_cache_manager import ChunkedLocalAttentionManager
 
-    with pytest.raises(SubBlockCacheConfigError, match="sub_block_size=4: sub-block prefix caching supports KV cache groups of full attention, MLA or a sliding window"):
+    with pytest.raises(
+        SubBlockCacheConfigError,
+        match="sub_block_size=4: sub-block prefix caching supports KV cache groups of full attention, MLA "
+        "or a sliding window",
+    ):
         _full_and_chunked(chunk, "rbln", 4)
     with pytest.raises(AssertionError, match="sub-block hits need full-attention or sliding-window groups"):
         _full_and_chunked(chunk, "upstream-sub", 4)
@@ -249,7 +265,9 @@ def test_sub_block_caching_refuses_a_chunked_local_group(chunk: int) -> None:
     assert not scheduler.sub_block_cache.enabled
     manager = scheduler.kv_cache_manager.coordinator.single_type_managers[1]
     assert type(manager) is ChunkedLocalAttentionManager
-    with pytest.raises(AssertionError, match="different block sizes are not compatible with chunked local attention"):
+    with pytest.raises(
+        AssertionError, match="different block sizes are not compatible with chunked local attention"
+    ):
         ChunkedLocalAttentionManager.find_longest_cache_hit(
             block_hashes=[],
             max_length=0,
