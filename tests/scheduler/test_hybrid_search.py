@@ -279,18 +279,58 @@ def test_sub_block_caching_refuses_a_chunked_local_group(chunk: int) -> None:
         )
 
 
+# vLLM's `BlockPool.cache_full_blocks` (every pin, 0.30.0 to 0.34.0) publishes a BlockStored
+# whose token range covers the null blocks it skipped: hashes for the non-null new full blocks
+# only, `token_ids` from the first new full block to the last. A chunked-local group's block
+# can be nulled before it is cached: its last tokens are drafts (or in flight), the step that
+# accepts them moves the chunk past the block, and `remove_skipped_blocks` runs before
+# `cache_blocks` in `allocate_slots`; the event then has 0 hashes over 16 tokens. Upstream's,
+# found on both sides (below); the tier's search draws no drafts for the layout, so it
+# searches the rest, and these two seeds keep the defect in sight.
+UPSTREAM_EVENT_OVER_A_NULL_BLOCK = (
+    "upstream's BlockPool.cache_full_blocks: a BlockStored of 0 hashes over 16 tokens for a "
+    "chunked-local block nulled before it was cached (drafts accepted past the chunk)"
+)
+
+
+@pytest.mark.xfail(strict=True, reason=UPSTREAM_EVENT_OVER_A_NULL_BLOCK, raises=AssertionError)
+@pytest.mark.parametrize(
+    ("seed", "side"),
+    [
+        # 0.30.0: "events at step 5: BlockStored of 0 hashes over 16 tokens with block_size
+        # 16: the contract is one hash per 16 tokens" (chunk 8, drafts of 3, sync).
+        (153, "upstream"),
+        # 0.30.0: the same at step 20 (chunk 8, drafts of 3, pp2).
+        (0, "rbln"),
+    ],
+)
+def test_a_chunked_local_block_nulled_before_it_is_cached(seed: int, side: s.Side) -> None:
+    """The search's workloads of these seeds (layout full+chunked, drafts on): upstream's
+    defect above, on upstream's `Scheduler` and on the RBLN scheduler alike."""
+    w = s.random_workload(random.Random(seed), layouts=("full+chunked",), connector=False)
+    if not (w.num_spec and w.chunk == 8):  # not an AssertionError: the xfail must not take it
+        pytest.fail(f"seed {seed} no longer draws the workload the defect was found on: {w}")
+    outcome, _driver = s.run(w, side)
+    assert outcome is None, str(outcome)
+
+
+def _chunked_workload(seed: int) -> s.Workload:
+    """A full+chunked workload of the search, without drafts (the defect above)."""
+    w = s.random_workload(random.Random(seed), layouts=("full+chunked",), connector=False)
+    return dataclasses.replace(w, num_spec=0)
+
+
 @SETTINGS
 @given(seed=st.integers(0, 2**32 - 1))
 def test_the_rbln_scheduler_on_full_attention_next_to_chunked_local_attention(seed: int) -> None:
     """Full attention next to a chunked-local group (chunks of 8, 16, 32 or 48 over blocks of
-    16), whole blocks, every mode: no wrong KV, no event the pool contradicts, no stall,
-    every request finished."""
-    _clean(s.random_workload(random.Random(seed), layouts=("full+chunked",), connector=False))
+    16), whole blocks, every mode, no drafts: no wrong KV, no event the pool contradicts, no
+    stall, every request finished."""
+    _clean(_chunked_workload(seed))
 
 
 @SETTINGS
 @given(seed=st.integers(0, 2**32 - 1))
 def test_upstreams_scheduler_on_the_same_chunked_local_workloads(seed: int) -> None:
     """The control on the chunked-local workloads, in sync mode."""
-    w = s.random_workload(random.Random(seed), layouts=("full+chunked",), connector=False)
-    _clean(dataclasses.replace(w, mode="sync"), "upstream")
+    _clean(dataclasses.replace(_chunked_workload(seed), mode="sync"), "upstream")
