@@ -4,6 +4,9 @@
         <vllm venv>/bin/python bench/bench_hybrid_search.py --layouts full+window,full+2windows \\
         --connector no --seeds 100:300
 
+Layouts: full, mla, full+window, full+2windows, window, full+chunked (whole blocks only; no
+connector next to two groups: hybrid_search.py).
+
 Each seed draws one workload (`random_workload`) and runs it on the RBLN scheduler
 (``rbln``), upstream's scheduler with whole blocks (``upstream``) and upstream's policy over
 the RBLN KV cache classes at the same sub-block size (``upstream-sub``). Prints one line per

@@ -4,7 +4,8 @@ KV-contents oracle (kv_oracle.py), the KV events replayed after every update, an
 counted as a failure.
 
 A workload is a layout (one full-attention group, MLA, full attention next to one or two
-sliding windows, a window alone), a sub-block size (4, or whole blocks), a mode (sync, async
+sliding windows, a window alone, full attention next to a chunked-local group), a sub-block
+size (4 or 8, or whole blocks), a mode (sync, async
 scheduling, pipeline parallelism 2), a policy, drafts, a pool, an optional connector (sync or
 async loads of every prompt's first block) and 2-6 requests sharing prefixes of two base
 prompts. Each runs on three sides:
@@ -22,6 +23,29 @@ replay of the published KV events is not the pool), ``stall`` (`STALL_STEPS` ste
 scheduled nothing while a request waited, no async load was pending and the pool had free
 blocks for one chunk in every group), ``unfinished`` (a request neither finished nor aborted
 after `MAX_STEPS`), ``crash`` (anything else raised).
+
+**Chunked local attention** ("full+chunked", Llama 4's layout: full attention next to a
+`ChunkedLocalAttentionSpec` group of `attention_chunk_size` 8, 16, 32 or 48; vLLM does not
+ask the chunk to be a multiple of the block: its manager frees and nulls only whole blocks
+before the chunk, kv_oracle.py). The groups are built as a `KVCacheConfig` directly, as
+vLLM builds them with the hybrid KV cache manager on (a model with `attention_chunk_size`
+turns it off unless VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=1, and its
+chunked-local layers then become full attention: `VllmConfig` and the KV cache planning).
+It runs on whole blocks only, at every pin (`CHUNKED_WHOLE_BLOCKS`):
+
+* the RBLN scheduler refuses a sub-block size next to a chunked-local group: rule 3 of
+  vllm/v1/core/sched/rbln_sub_block.py ("sub-block prefix caching supports KV cache groups
+  of full attention, MLA or a sliding window ..."), raised as `SubBlockCacheConfigError`
+  when the scheduler is built; with the size unset it stays on whole blocks;
+* its reason is upstream's: `ChunkedLocalAttentionManager.find_longest_cache_hit` asserts
+  the group's block size equals the hit alignment ("KV cache groups with different block
+  sizes are not compatible with chunked local attention now"), so the group has no hit
+  that ends inside a block, and the RBLN hybrid coordinator, built directly with a finer
+  hash (the ``upstream-sub`` side), refuses the group too ("sub-block hits need
+  full-attention or sliding-window groups").
+
+`random_workload` draws whole blocks for the layout; the refusals are asserted in
+test_hybrid_search.py, so neither is a silent skip.
 
 Used by test_hybrid_search.py (a few derandomized examples in the tier) and by
 bench/bench_hybrid_search.py (the long search, its table of seeds)."""
@@ -43,7 +67,12 @@ MAX_STEPS = 400
 STALL_STEPS = 30
 BASES = (h.distinct_prompt(11, 96), h.distinct_prompt(12, 96))
 
-Layout = Literal["full", "mla", "full+window", "full+2windows", "window"]
+Layout = Literal["full", "mla", "full+window", "full+2windows", "window", "full+chunked"]
+LAYOUTS: tuple[Layout, ...] = ("full", "mla", "full+window", "full+2windows", "window", "full+chunked")
+# Attention chunks of the "full+chunked" layout (the block is 16).
+CHUNKS = (8, 16, 32, 48)
+# Layouts with no sub-block form (module docstring): whole blocks on every side.
+CHUNKED_WHOLE_BLOCKS: tuple[Layout, ...] = ("full+chunked",)
 Side = Literal["rbln", "upstream", "upstream-sub"]
 SIDES: tuple[Side, ...] = ("rbln", "upstream", "upstream-sub")
 
@@ -89,13 +118,14 @@ class Workload:
     connector: tuple[int, bool] | None  # (matched tokens, async load)
     accept_seed: int
     requests: tuple[Req, ...]
+    chunk: int | None = None  # the chunked-local group's attention_chunk_size ("full+chunked")
 
     def prompt(self, i: int) -> list[int]:
         return self.requests[i].prompt(i, BASES)
 
     @property
     def num_groups(self) -> int:
-        return len(self.windows) + (0 if self.layout == "window" else 1)
+        return len(self.windows) + (0 if self.layout == "window" else 1) + (self.chunk is not None)
 
     @property
     def num_blocks(self) -> int:
@@ -118,7 +148,12 @@ def groups(w: Workload) -> list[Any] | None:
     """The workload's KV cache groups (None: the harness's one group, full attention or MLA
     through `kv_cache_spec`)."""
     import torch
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheGroupSpec, SlidingWindowSpec
+    from vllm.v1.kv_cache_interface import (
+        ChunkedLocalAttentionSpec,
+        FullAttentionSpec,
+        KVCacheGroupSpec,
+        SlidingWindowSpec,
+    )
 
     if w.layout in ("full", "mla"):
         return None
@@ -126,6 +161,10 @@ def groups(w: Workload) -> list[Any] | None:
     out = [] if w.layout == "window" else [KVCacheGroupSpec(["full"], FullAttentionSpec(**shape))]
     for i, window in enumerate(w.windows):
         out.append(KVCacheGroupSpec([f"sliding{i}"], SlidingWindowSpec(**shape, sliding_window=window)))
+    if w.chunk is not None:
+        out.append(
+            KVCacheGroupSpec(["chunked"], ChunkedLocalAttentionSpec(**shape, attention_chunk_size=w.chunk))
+        )
     return out
 
 
@@ -321,7 +360,15 @@ def random_workload(
         windows = (rng.choice([8, 12, 20, 32, 48]),)
     elif layout == "full+2windows":
         windows = (rng.choice([8, 20]), rng.choice([32, 48]))
-    with_connector = connector if connector is not None else (mode == "sync" and rng.random() < 1 / 3)
+    chunk = rng.choice(CHUNKS) if layout == "full+chunked" else None
+    # A connector runs with one KV cache group: the harness's connector turns the hybrid KV
+    # cache manager off, and upstream's `Scheduler._connector_finished` asserts one group
+    # (a drawn connector next to two groups crashed both sides: the simulation's error).
+    with_connector = (
+        connector
+        if connector is not None
+        else (mode == "sync" and rng.random() < 1 / 3 and layout in ("full", "mla"))
+    )
     reqs = []
     for _ in range(rng.randint(2, 6)):
         reqs.append(
@@ -336,10 +383,11 @@ def random_workload(
                 abort_at=rng.choice([None, None, None, rng.randint(1, 25)]),
             )
         )
+    sub_block = rng.choice([4, 4, 8])
     return Workload(
         layout=layout,
         windows=windows,
-        sub_block=rng.choice([4, 4, 8]),
+        sub_block=None if layout in CHUNKED_WHOLE_BLOCKS else sub_block,
         mode=mode,
         policy=rng.choice(["fcfs", "priority"]),
         num_spec=rng.choice([0, 3]),
@@ -347,4 +395,5 @@ def random_workload(
         connector=(rng.choice([BLOCK, 2 * BLOCK, 20]), rng.random() < 0.5) if with_connector else None,
         accept_seed=rng.randint(0, 1000),
         requests=tuple(reqs),
+        chunk=chunk,
     )

@@ -34,12 +34,40 @@ in-flight step's rejected drafts as computed until its output comes back; the ru
 starts the next step where the accepted tokens end, as vLLM's runners do).
 
 Every KV cache group is followed, each through its own block table (block ids are the one
-pool's): groups of full attention and of a sliding window, all of one block size (a
-full-attention model, a Gemma-style model's full and sliding-window groups, a model whose
-every layer has a window). A sliding-window group's request attends only the window before
+pool's): groups of full attention, of a sliding window and of chunked local attention, all
+of one block size (a full-attention model, a Gemma-style model's full and sliding-window
+groups, a model whose every layer has a window, a Llama-4-style model's full and
+chunked-local groups). A sliding-window group's request attends only the window before
 each position it computes (`SlidingWindowSpec.sliding_window` positions, itself included),
 so its reads are checked there, and the blocks below the window leave its table (null).
-Other layouts run without the oracle (`KVOracle.applies`).
+A chunked-local group's request attends only its own chunk (`first_attended`). Other
+layouts run without the oracle (`KVOracle.applies`).
+
+**Chunked local attention** (`ChunkedLocalAttentionSpec.attention_chunk_size`, C): the
+positions are cut into chunks [k*C, (k+1)*C), and a position p attends the positions of
+its own chunk up to itself, [p // C * C, p]. A step computing positions [start, end)
+therefore reads [start // C * C, end): the chunk of its first position (its later
+positions' chunks start at or after ``start``, so the union is that one range). This is
+what vLLM's `ChunkedLocalAttentionManager` keeps (vllm/v1/core/single_type_kv_cache_manager.py,
+the same at every pin, 0.30.0 to 0.34.0):
+
+* `get_num_skipped_tokens(num_computed_tokens)` returns ``num_computed_tokens // C * C``,
+  the tokens left of the chunk the next token is in, and the base class's
+  `SingleTypeKVCacheManager.remove_skipped_blocks` frees the first ``skipped //
+  block_size`` blocks of the request's table (capped at the blocks it has), putting the
+  null block in their place: only whole blocks that lie entirely before the chunk go, a
+  block the chunk starts inside stays;
+* `find_longest_cache_hit(block_hashes, max_length, ...)` gives a hit the null block for
+  each of the first ``(max_length // C * C) // block_size`` blocks ("marked as computed":
+  they are outside the next token's chunk) and looks up the blocks from there to
+  ``max_length // block_size``, stopping at the first miss; it asserts the group's block
+  size equals the hit alignment ("KV cache groups with different block sizes are not
+  compatible with chunked local attention now"), so a chunked-local group has whole-block
+  hits only.
+
+So the oracle checks a chunked-local group's reads from the chunk's first position on: a
+read there from the null block (or from a block holding other KV) is a stale read; a
+position before the chunk is not read, and its block may be null or anything.
 """
 
 from __future__ import annotations
@@ -117,6 +145,9 @@ class KVOracle:
         # Per KV cache group: its window (positions a token attends, itself included), or
         # None for full attention.
         self.windows: list[int | None] = [getattr(m, "sliding_window", None) for m in managers]
+        # Per KV cache group: its attention chunk (chunked local attention), or None.
+        self.chunks: list[int | None] = [getattr(m, "attention_chunk_size", None) for m in managers]
+        self.null_block_id = manager.block_pool.null_block.block_id
         self.hash_block_size = manager.block_pool.hash_block_size
         connector = getattr(self.scheduler, "connector", None)
         if connector is not None:
@@ -125,16 +156,23 @@ class KVOracle:
     @staticmethod
     def applies(scheduler: Scheduler) -> bool:
         """Whether the oracle can follow this scheduler's pool: KV cache groups of full
-        attention or a sliding window, all of one block size."""
+        attention, a sliding window or chunked local attention, all of one block size."""
         from vllm.v1.core.single_type_kv_cache_manager import (
+            ChunkedLocalAttentionManager,
             FullAttentionManager,
             SlidingWindowManager,
         )
 
         # Exactly these classes: a subclass of upstream's with other semantics (sink tokens, a
         # rolling window) keeps its KV otherwise. The RBLN forms (sub-block caching) keep it so;
-        # vllm-rbln's side of the parity tier runs an unpatched vLLM, which has none.
-        followed: tuple[type, ...] = (FullAttentionManager, SlidingWindowManager)
+        # vllm-rbln's side of the parity tier runs an unpatched vLLM, which has none. (Sub-block
+        # caching has no chunked-local form: the RBLN scheduler refuses a chunked-local group
+        # with a sub-block size, rule 3 of rbln_sub_block.py.)
+        followed: tuple[type, ...] = (
+            FullAttentionManager,
+            SlidingWindowManager,
+            ChunkedLocalAttentionManager,
+        )
         try:
             from vllm.v1.core.sched.rbln_kv_cache import RBLNFullAttentionManager, RBLNSlidingWindowManager
         except ModuleNotFoundError:
@@ -222,10 +260,8 @@ class KVOracle:
 
         for req_id, (start, _positions, ids) in writes.items():
             expected = self._chain[req_id][:start] + ids
-            for table, window in zip(self._tables(req_id), self.windows, strict=True):
-                # A window: the positions the step's first token attends, and after.
-                first = 0 if window is None else max(0, start - window + 1)
-                self._check_reads(req_id, table, expected, first)
+            for group, table in enumerate(self._tables(req_id)):
+                self._check_reads(req_id, table, expected, self.first_attended(group, start))
 
         for req_id, (start, positions, _ids) in writes.items():
             drafts = len(output.scheduled_spec_decode_tokens.get(req_id, ()))
@@ -235,6 +271,19 @@ class KVOracle:
             if got:
                 self._extend(req_id, got)
         self._check_entries(touched)
+
+    def first_attended(self, group: int, start: int) -> int:
+        """The first position a step starting at ``start`` reads in KV cache group
+        ``group``: 0 for full attention; the window of the step's first token for a sliding
+        window; the first position of the step's first token's chunk for chunked local
+        attention (module docstring). Every position from there to the step's last is
+        read."""
+        window, chunk = self.windows[group], self.chunks[group]
+        if window is not None:
+            return max(0, start - window + 1)
+        if chunk is not None:
+            return start // chunk * chunk
+        return 0
 
     # -- the checks ---------------------------------------------------------------------
 
@@ -268,12 +317,13 @@ class KVOracle:
             held = self._slots.get((block_id, pos % self.block_size), EMPTY)
             if held != ident:
                 what = "nothing" if held == EMPTY else "another prefix's KV"
+                null = " (the null block)" if block_id == self.null_block_id else ""
                 self._fail(
                     "stale read",
                     req_id,
                     pos,
                     block_id,
-                    f"{req_id} attends position {pos} in block {block_id} slot "
+                    f"{req_id} attends position {pos} in block {block_id}{null} slot "
                     f"{pos % self.block_size}, which holds {what}",
                 )
                 return
@@ -357,7 +407,7 @@ class KVOracle:
 
     def _tables(self, req_id: str) -> list[list[int]]:
         """The request's block table in each KV cache group (0: the null block, below a
-        sliding window)."""
+        sliding window or before a chunk)."""
         return [list(ids) for ids in self.scheduler.kv_cache_manager.get_block_ids(req_id)]
 
     def _know(self, request: Any) -> None:

@@ -16,6 +16,7 @@ import sched_harness as h
 from cached_blocks import cached_blocks
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from vllm_release import vllm_release
 
 BLOCK = s.BLOCK
 # Examples a search test draws; VLLM_RBLN_SEARCH_EXAMPLES scales it (the bench's long run).
@@ -158,20 +159,184 @@ def test_a_pass_that_raises_after_an_allocation_registers_none_of_its_entries() 
     assert not driver.oracle.violations
 
 
-@pytest.mark.parametrize("layout", ["full", "mla", "full+window", "full+2windows", "window"])
+@pytest.mark.parametrize("layout", s.LAYOUTS)
 @pytest.mark.parametrize("side", s.SIDES)
 def test_the_oracle_and_the_event_replay_follow_every_layout_of_the_search(layout: str, side: s.Side) -> None:
     """Every KV cache group of every layout (full attention, MLA, one or two windows, each
-    with its window) is followed by the oracle, and the KV events are replayed on every side,
-    a connector's too (the search's `run` asserts both); a short workload runs clean."""
+    with its window, a chunked-local group with its chunk) is followed by the oracle, and the
+    KV events are replayed on every side, a connector's too (the search's `run` asserts
+    both); a short workload runs clean. The chunked-local layout runs on whole blocks
+    (hybrid_search.py: no side has a sub-block form of it)."""
     windows = {"full+window": (8,), "full+2windows": (8, 32), "window": (20,)}.get(layout, ())
+    chunk = 32 if layout == "full+chunked" else None
     connector = (BLOCK, True) if layout in ("full", "mla") else None
+    sub_block = None if layout in s.CHUNKED_WHOLE_BLOCKS else 4
     reqs = (s.Req(0, 40, 2, False, 4, 0, 0, None), s.Req(0, 30, 5, False, 3, 2, 0, None))
-    w = s.Workload(layout, windows, 4, "sync", "fcfs", 0, 2, connector, 0, reqs)  # type: ignore[arg-type]
+    w = s.Workload(layout, windows, sub_block, "sync", "fcfs", 0, 2, connector, 0, reqs, chunk)  # type: ignore[arg-type]
     outcome, driver = s.run(w, side)
     assert outcome is None
     assert driver is not None and driver.oracle is not None
     groups = driver.scheduler.kv_cache_config.kv_cache_groups
-    assert len(driver.oracle.windows) == len(groups) == w.num_groups
+    assert len(driver.oracle.windows) == len(driver.oracle.chunks) == len(groups) == w.num_groups
     assert [w_ for w_ in driver.oracle.windows if w_ is not None] == list(windows)
+    assert [c for c in driver.oracle.chunks if c is not None] == ([chunk] if chunk else [])
     assert driver.events is not None and driver.events.num_stored > 0
+
+
+# -- issue 51: chunked local attention --------------------------------------------------------
+
+
+def _full_and_chunked(chunk: int, side: s.Side = "rbln", sub_block: int | None = None) -> Any:
+    """A scheduler over full attention next to a chunked-local group of ``chunk``."""
+    w = s.Workload(
+        "full+chunked",
+        (),
+        sub_block,
+        "sync",
+        "fcfs",
+        0,
+        8,
+        None,
+        0,
+        (s.Req(0, 40, 4, False, 4, 0, 0, None),),
+        chunk,
+    )
+    return s.make(w, side)
+
+
+def test_the_oracle_follows_a_chunked_local_group_s_chunk() -> None:
+    """Full attention next to a chunked-local group of 32 (blocks of 16), whole blocks. A
+    (40 tokens) prefills in chunks of 16: its third step computes 32..39, whose chunk starts
+    at 32, and vLLM's manager has put the null block in the group's blocks 0 and 1
+    (`remove_skipped_blocks`: ``32 // 32 * 32`` tokens skipped); the oracle does not check
+    those reads. B (40 other tokens) has its first 16 computed; its chunked-local block 0
+    (positions 0..15, inside the chunk its next step's tokens 16..31 read) is then made the
+    null block in the manager's table: the oracle catches the read. Shown failing with the
+    oracle's chunk rule removed (`KVOracle.first_attended` treating the group as full
+    attention): "stale read: A attends position 0 in block 0 (the null block) slot 0, which
+    holds nothing (step 3)"."""
+    from kv_oracle import KVContentsError
+
+    scheduler = _full_and_chunked(32)
+    driver = h.Driver(scheduler)
+    assert driver.oracle is not None and driver.oracle.chunks == [None, 32]
+    pool = scheduler.kv_cache_manager.block_pool
+    null = pool.null_block
+    driver.add(h.make_request("A", h.distinct_prompt(1, 40), 4))
+    for _ in range(3):
+        driver.step()
+    assert scheduler.requests["A"].num_computed_tokens == 40
+    full, chunked = scheduler.kv_cache_manager.get_block_ids("A")
+    # The manager nulled the two blocks before A's chunk (the oracle let it), not the third.
+    assert chunked[:2] == [null.block_id] * 2 and chunked[2] != null.block_id and null.block_id not in full
+    assert not driver.oracle.violations
+    driver.run(20, until=["A"])
+    assert "A" in driver.finished and not driver.oracle.violations
+
+    driver.add(h.make_request("B", h.distinct_prompt(2, 40), 4))
+    driver.step()
+    assert scheduler.requests["B"].num_computed_tokens == 16
+    manager = scheduler.kv_cache_manager.coordinator.single_type_managers[1]
+    manager.req_to_blocks["B"][0] = null  # a manager that nulled a block inside the chunk
+    with pytest.raises(
+        KVContentsError, match=r"stale read: B attends position 0 in block \d+ \(the null block\)"
+    ):
+        driver.step()
+
+
+@pytest.mark.parametrize("chunk", [8, 32])
+def test_sub_block_caching_refuses_a_chunked_local_group(chunk: int) -> None:
+    """Sub-block caching has no chunked-local form, at every pin: the RBLN scheduler refuses
+    a sub-block size next to a chunked-local group (rule 3, `SubBlockCacheConfigError`), the
+    RBLN hybrid coordinator refuses the group when built with a finer hash (the search's
+    ``upstream-sub`` side), and upstream's manager is the reason: its hits are whole blocks
+    only. Unset, the RBLN scheduler stays on whole blocks (the search's layout)."""
+    from vllm.v1.core.sched.rbln_sub_block import SubBlockCacheConfigError
+    from vllm.v1.core.single_type_kv_cache_manager import ChunkedLocalAttentionManager
+
+    with pytest.raises(
+        SubBlockCacheConfigError,
+        match="sub_block_size=4: sub-block prefix caching supports KV cache groups of full attention, MLA "
+        "or a sliding window",
+    ):
+        _full_and_chunked(chunk, "rbln", 4)
+    with pytest.raises(AssertionError, match="sub-block hits need full-attention or sliding-window groups"):
+        _full_and_chunked(chunk, "upstream-sub", 4)
+    scheduler = _full_and_chunked(chunk)
+    assert not scheduler.sub_block_cache.enabled
+    manager = scheduler.kv_cache_manager.coordinator.single_type_managers[1]
+    assert type(manager) is ChunkedLocalAttentionManager
+    with pytest.raises(
+        AssertionError, match="different block sizes are not compatible with chunked local attention"
+    ):
+        ChunkedLocalAttentionManager.find_longest_cache_hit(
+            block_hashes=[],
+            max_length=0,
+            kv_cache_group_ids=[1],
+            block_pool=scheduler.kv_cache_manager.block_pool,
+            kv_cache_spec=manager.kv_cache_spec,
+            drop_eagle_block=False,
+            alignment_tokens=4,
+        )
+
+
+# vLLM's `BlockPool.cache_full_blocks` (0.30.0 to 0.32.0) publishes a BlockStored
+# whose token range covers the null blocks it skipped: hashes for the non-null new full blocks
+# only, `token_ids` from the first new full block to the last. A chunked-local group's block
+# can be nulled before it is cached: its last tokens are drafts (or in flight), the step that
+# accepts them moves the chunk past the block, and `remove_skipped_blocks` runs before
+# `cache_blocks` in `allocate_slots`; the event then has 0 hashes over 16 tokens. Upstream's,
+# found on both sides (below). At 0.34.0 both seeds run clean (not read why: the order of
+# remove_skipped_blocks and cache_blocks, or the tokens it counts, changed), so there they
+# must pass. The tier's search draws no drafts for the layout, so it searches the rest, and
+# these two seeds keep the defect in sight.
+UPSTREAM_EVENT_OVER_A_NULL_BLOCK = (
+    "upstream's BlockPool.cache_full_blocks: a BlockStored of 0 hashes over 16 tokens for a "
+    "chunked-local block nulled before it was cached (drafts accepted past the chunk)"
+)
+
+
+@pytest.mark.xfail(
+    vllm_release() < (0, 34), strict=True, reason=UPSTREAM_EVENT_OVER_A_NULL_BLOCK, raises=AssertionError
+)
+@pytest.mark.parametrize(
+    ("seed", "side"),
+    [
+        # 0.30.0: "events at step 5: BlockStored of 0 hashes over 16 tokens with block_size
+        # 16: the contract is one hash per 16 tokens" (chunk 8, drafts of 3, sync).
+        (153, "upstream"),
+        # 0.30.0: the same at step 20 (chunk 8, drafts of 3, pp2).
+        (0, "rbln"),
+    ],
+)
+def test_a_chunked_local_block_nulled_before_it_is_cached(seed: int, side: s.Side) -> None:
+    """The search's workloads of these seeds (layout full+chunked, drafts on): upstream's
+    defect above, on upstream's `Scheduler` and on the RBLN scheduler alike, before 0.34.0;
+    clean at 0.34.0 (shown there: XPASS(strict) of both when the mark was unconditional)."""
+    w = s.random_workload(random.Random(seed), layouts=("full+chunked",), connector=False)
+    if not (w.num_spec and w.chunk == 8):  # not an AssertionError: the xfail must not take it
+        pytest.fail(f"seed {seed} no longer draws the workload the defect was found on: {w}")
+    outcome, _driver = s.run(w, side)
+    assert outcome is None, str(outcome)
+
+
+def _chunked_workload(seed: int) -> s.Workload:
+    """A full+chunked workload of the search, without drafts (the defect above)."""
+    w = s.random_workload(random.Random(seed), layouts=("full+chunked",), connector=False)
+    return dataclasses.replace(w, num_spec=0)
+
+
+@SETTINGS
+@given(seed=st.integers(0, 2**32 - 1))
+def test_the_rbln_scheduler_on_full_attention_next_to_chunked_local_attention(seed: int) -> None:
+    """Full attention next to a chunked-local group (chunks of 8, 16, 32 or 48 over blocks of
+    16), whole blocks, every mode, no drafts: no wrong KV, no event the pool contradicts, no
+    stall, every request finished."""
+    _clean(_chunked_workload(seed))
+
+
+@SETTINGS
+@given(seed=st.integers(0, 2**32 - 1))
+def test_upstreams_scheduler_on_the_same_chunked_local_workloads(seed: int) -> None:
+    """The control on the chunked-local workloads, in sync mode."""
+    _clean(dataclasses.replace(_chunked_workload(seed), mode="sync"), "upstream")
