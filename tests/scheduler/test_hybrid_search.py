@@ -16,6 +16,7 @@ import sched_harness as h
 from cached_blocks import cached_blocks
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from vllm_release import vllm_release
 
 BLOCK = s.BLOCK
 # Examples a search test draws; VLLM_RBLN_SEARCH_EXAMPLES scales it (the bench's long run).
@@ -175,3 +176,55 @@ def test_the_oracle_and_the_event_replay_follow_every_layout_of_the_search(layou
     assert len(driver.oracle.windows) == len(groups) == w.num_groups
     assert [w_ for w_ in driver.oracle.windows if w_ is not None] == list(windows)
     assert driver.events is not None and driver.events.num_stored > 0
+
+
+# -- issue 51: a request whose async KV load has landed, behind a refused head --------------
+
+
+@pytest.mark.parametrize(
+    "side",
+    [
+        "rbln",
+        pytest.param(
+            "upstream",
+            marks=pytest.mark.xfail(
+                vllm_release() < (0, 31),
+                strict=True,
+                reason="upstream's: vLLM 0.30.0's priority queue choice "
+                "(_select_waiting_queue_for_scheduling) takes the waiting head W, ranked "
+                "above the landed L; the gate refuses W and the pass ends, every step. "
+                "0.31.0 on drains the requests holding KV blocks first",
+            ),
+        ),
+    ],
+)
+def test_a_request_holding_ready_kv_is_not_left_behind_a_refused_head(side: s.Side) -> None:
+    """Priority policy, an async connector loading every prompt's first block. L's load
+    (5 tokens, 1 block of 5 usable) lands; then W comes, ranking above L (the same priority,
+    an earlier arrival) and needing 5 blocks (70 tokens and its first decode step): 4 are
+    free while L holds its block. Nothing runs: W must wait for L, and L must run first.
+    vLLM 0.30.0 picks the waiting queue whose head ranks first (W), the gate refuses W and
+    the pass ends, every step, with L's KV ready in `skipped_waiting`. Found by the one-group
+    KV-contents search (seeds 0-9, 30 examples each: one workload of 300, priority with
+    async loads and drafts, "['r2', 'r3'] unfinished after 400 steps" on ours only, whose
+    gate counts the drafts and the lookahead). Shown failing at 0.30.0 without
+    `RBLNScheduler._select_waiting_queue_for_scheduling`: "stall: steps [1, ..., 30]
+    scheduled nothing with L's load landed"; upstream's `Scheduler` stalls the same way
+    there (listed above)."""
+    w = s.Workload(
+        "full", (), None, "sync", "priority", 0, 2, (BLOCK, True), 0, (s.Req(0, 40, 0, False, 1, 0, 0, None),)
+    )
+    scheduler = s.make(w, side)
+    assert scheduler.kv_cache_manager.block_pool.get_num_free_blocks() == 5
+    driver = h.Driver(scheduler)
+    driver.add(h.make_request("L", h.distinct_prompt(1, 6), 4, priority=1, arrival_time=1.0))
+    driver.step()
+    assert "L" in scheduler.finished_recving_kv_req_ids, "L's load has not landed: the test shows nothing"
+    driver.add(h.make_request("W", h.distinct_prompt(2, 70), 2, priority=1, arrival_time=0.0))
+    driver.run(30)
+    empty = [i for i, step in enumerate(driver.steps) if not step.num_scheduled_tokens]
+    assert {"L", "W"} <= driver.finished, f"stall: steps {empty} scheduled nothing with L's load landed"
+    # L runs first (it holds the blocks W lacks), then W.
+    assert driver.steps[1].num_scheduled_tokens == {"L": 1}
+    assert not driver.oracle or not driver.oracle.violations
+
