@@ -228,3 +228,39 @@ def test_a_request_holding_ready_kv_is_not_left_behind_a_refused_head(side: s.Si
     assert driver.steps[1].num_scheduled_tokens == {"L": 1}
     assert not driver.oracle or not driver.oracle.violations
 
+
+# -- issue 51: the retry of a full prefix hit, refused as a decode-ready admission ----------
+
+
+@pytest.mark.parametrize("side", ["rbln", "upstream"])
+def test_a_full_hit_retried_without_its_sub_block_tail_is_admitted_as_a_prefill(side: s.Side) -> None:
+    """Sub-blocks of 4, a pool of 2 blocks. A (20 tokens) ran and finished: both blocks are
+    free and cached, A's second block holding 4 tokens. B is A's prompt and one token more:
+    its sub-block hit (20) leaves it one token, a decode-ready admission, which costs the
+    gate A's two blocks and a copy-on-write block, 3 of the pool's 2. The retry with the
+    whole-block part (16) fits (the first block and one new one), but it has a prefill left,
+    and the pass the decode-ready hit had made one of decode-ready admissions refused it:
+    no step ran, nothing running, the pool never changing (a stall). Shown failing without
+    the switch back to admission in `RBLNScheduler._should_retry_admission`: "stall: B never
+    ran; steps [0, ..., 19] scheduled nothing". Upstream's `Scheduler` (whole blocks) runs
+    it: the control."""
+    w = s.Workload("full", (), 4, "sync", "fcfs", 0, 0, None, 0, (s.Req(0, 1, 0, False, 1, 0, 0, None),))
+    w = dataclasses.replace(w, spare_blocks=3 - w.num_blocks)
+    scheduler = s.make(w, side)
+    pool = scheduler.kv_cache_manager.block_pool
+    assert pool.get_num_free_blocks() == 2
+    hbs = s.hash_block_size(w, side)
+    driver = h.Driver(scheduler)
+    a_prompt = h.distinct_prompt(1, 20)
+    driver.add(h.make_request("A", a_prompt, 1, hash_block_size=hbs))
+    driver.run(10, until=["A"])
+    assert pool.get_num_free_blocks() == 2, "A's blocks are not free: the test shows nothing"
+    first = len(driver.steps)
+    driver.add(h.make_request("B", [*a_prompt, 4242], 2, hash_block_size=hbs))
+    driver.run(20, until=["B"])
+    empty = [i for i, st_ in enumerate(driver.steps[first:]) if not st_.num_scheduled_tokens]
+    assert "B" in driver.finished, f"stall: B never ran; steps {empty} scheduled nothing"
+    # B's first step prefills past the whole-block hit (16), alone.
+    assert driver.steps[first].num_scheduled_tokens == {"B": 5}
+    assert driver.steps[first].num_computed_before == {"B": 16}
+    assert driver.oracle is not None and not driver.oracle.violations
