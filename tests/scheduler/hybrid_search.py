@@ -20,8 +20,8 @@ prompts. Each runs on three sides:
 oracle's (``stale read``, ``wrong entry``, ``overwrite``, ``no block``), ``events`` (the
 replay of the published KV events is not the pool), ``stall`` (`STALL_STEPS` steps in a row
 scheduled nothing while a request waited, no async load was in flight (a landed one counts
-as waiting) and the pool had free blocks for one chunk in every group), ``unfinished`` (a request neither finished nor aborted
-after `MAX_STEPS`), ``crash`` (anything else raised).
+as waiting) and the pool had free blocks for one chunk in every group), ``unfinished`` (a
+request neither finished nor aborted after `MAX_STEPS`), ``crash`` (anything else raised).
 
 Used by test_hybrid_search.py (a few derandomized examples in the tier) and by
 bench/bench_hybrid_search.py (the long search, its table of seeds)."""
