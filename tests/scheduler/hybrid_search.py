@@ -20,9 +20,9 @@ prompts. Each runs on three sides:
 `run` returns an `Outcome`: ``None`` or the first failure's kind and text. Kinds: the
 oracle's (``stale read``, ``wrong entry``, ``overwrite``, ``no block``), ``events`` (the
 replay of the published KV events is not the pool), ``stall`` (`STALL_STEPS` steps in a row
-scheduled nothing while a request waited, no async load was pending and the pool had free
-blocks for one chunk in every group), ``unfinished`` (a request neither finished nor aborted
-after `MAX_STEPS`), ``crash`` (anything else raised).
+scheduled nothing while a request waited, no async load was in flight (a landed one counts
+as waiting) and the pool had free blocks for one chunk in every group), ``unfinished`` (a
+request neither finished nor aborted after `MAX_STEPS`), ``crash`` (anything else raised).
 
 **Chunked local attention** ("full+chunked", Llama 4's layout: full attention next to a
 `ChunkedLocalAttentionSpec` group of `attention_chunk_size` 8, 16, 32 or 48; vLLM does not
@@ -308,8 +308,12 @@ def run(w: Workload, side: Side, *, raise_errors: bool = False) -> tuple[Outcome
             else:
                 driver.step_with_batch_queue()
             scheduled = len(driver.steps) > before and driver.steps[-1].num_scheduled_tokens
+            # A load still in flight excuses an empty step; one that has landed does not
+            # (its request waits, ready to run: it counts as waiting).
             loading = any(
-                r.status == RequestStatus.WAITING_FOR_REMOTE_KVS for r in scheduler.requests.values()
+                r.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+                and r.request_id not in scheduler.finished_recving_kv_req_ids
+                for r in scheduler.requests.values()
             )
             waiting = len(scheduler.waiting) + len(getattr(scheduler, "skipped_waiting", ()))
             if scheduled or loading or not scheduler.has_requests():

@@ -340,3 +340,91 @@ def test_the_rbln_scheduler_on_full_attention_next_to_chunked_local_attention(se
 def test_upstreams_scheduler_on_the_same_chunked_local_workloads(seed: int) -> None:
     """The control on the chunked-local workloads, in sync mode."""
     _clean(dataclasses.replace(_chunked_workload(seed), mode="sync"), "upstream")
+
+
+# -- issue 51: a request whose async KV load has landed, behind a refused head --------------
+
+
+@pytest.mark.parametrize(
+    "side",
+    [
+        "rbln",
+        pytest.param(
+            "upstream",
+            marks=pytest.mark.xfail(
+                vllm_release() < (0, 31),
+                strict=True,
+                reason="upstream's: vLLM 0.30.0's priority queue choice "
+                "(_select_waiting_queue_for_scheduling) takes the waiting head W, ranked "
+                "above the landed L; the gate refuses W and the pass ends, every step. "
+                "0.31.0 on drains the requests holding KV blocks first",
+            ),
+        ),
+    ],
+)
+def test_a_request_holding_ready_kv_is_not_left_behind_a_refused_head(side: s.Side) -> None:
+    """Priority policy, an async connector loading every prompt's first block. L's load
+    (5 tokens, 1 block of 5 usable) lands; then W comes, ranking above L (the same priority,
+    an earlier arrival) and needing 5 blocks (70 tokens and its first decode step): 4 are
+    free while L holds its block. Nothing runs: W must wait for L, and L must run first.
+    vLLM 0.30.0 picks the waiting queue whose head ranks first (W), the gate refuses W and
+    the pass ends, every step, with L's KV ready in `skipped_waiting`. Found by the one-group
+    KV-contents search (seeds 0-9, 30 examples each: one workload of 300, priority with
+    async loads and drafts, "['r2', 'r3'] unfinished after 400 steps" on ours only, whose
+    gate counts the drafts and the lookahead). Shown failing at 0.30.0 without
+    `RBLNScheduler._select_waiting_queue_for_scheduling`: "stall: steps [1, ..., 30]
+    scheduled nothing with L's load landed"; upstream's `Scheduler` stalls the same way
+    there (listed above)."""
+    w = s.Workload(
+        "full", (), None, "sync", "priority", 0, 2, (BLOCK, True), 0, (s.Req(0, 40, 0, False, 1, 0, 0, None),)
+    )
+    scheduler = s.make(w, side)
+    assert scheduler.kv_cache_manager.block_pool.get_num_free_blocks() == 5
+    driver = h.Driver(scheduler)
+    driver.add(h.make_request("L", h.distinct_prompt(1, 6), 4, priority=1, arrival_time=1.0))
+    driver.step()
+    assert "L" in scheduler.finished_recving_kv_req_ids, "L's load has not landed: the test shows nothing"
+    driver.add(h.make_request("W", h.distinct_prompt(2, 70), 2, priority=1, arrival_time=0.0))
+    driver.run(30)
+    empty = [i for i, step in enumerate(driver.steps) if not step.num_scheduled_tokens]
+    assert {"L", "W"} <= driver.finished, f"stall: steps {empty} scheduled nothing with L's load landed"
+    # L runs first (it holds the blocks W lacks), then W.
+    assert driver.steps[1].num_scheduled_tokens == {"L": 1}
+    assert not driver.oracle or not driver.oracle.violations
+
+
+# -- issue 51: the retry of a full prefix hit, refused as a decode-ready admission ----------
+
+
+@pytest.mark.parametrize("side", ["rbln", "upstream"])
+def test_a_full_hit_retried_without_its_sub_block_tail_is_admitted_as_a_prefill(side: s.Side) -> None:
+    """Sub-blocks of 4, a pool of 2 blocks. A (20 tokens) ran and finished: both blocks are
+    free and cached, A's second block holding 4 tokens. B is A's prompt and one token more:
+    its sub-block hit (20) leaves it one token, a decode-ready admission, which costs the
+    gate A's two blocks and a copy-on-write block, 3 of the pool's 2. The retry with the
+    whole-block part (16) fits (the first block and one new one), but it has a prefill left,
+    and the pass the decode-ready hit had made one of decode-ready admissions refused it:
+    no step ran, nothing running, the pool never changing (a stall). Shown failing without
+    the switch back to admission in `RBLNScheduler._should_retry_admission`: "stall: B never
+    ran; steps [0, ..., 19] scheduled nothing". Upstream's `Scheduler` (whole blocks) runs
+    it: the control."""
+    w = s.Workload("full", (), 4, "sync", "fcfs", 0, 0, None, 0, (s.Req(0, 1, 0, False, 1, 0, 0, None),))
+    w = dataclasses.replace(w, spare_blocks=3 - w.num_blocks)
+    scheduler = s.make(w, side)
+    pool = scheduler.kv_cache_manager.block_pool
+    assert pool.get_num_free_blocks() == 2
+    hbs = s.hash_block_size(w, side)
+    driver = h.Driver(scheduler)
+    a_prompt = h.distinct_prompt(1, 20)
+    driver.add(h.make_request("A", a_prompt, 1, hash_block_size=hbs))
+    driver.run(10, until=["A"])
+    assert pool.get_num_free_blocks() == 2, "A's blocks are not free: the test shows nothing"
+    first = len(driver.steps)
+    driver.add(h.make_request("B", [*a_prompt, 4242], 2, hash_block_size=hbs))
+    driver.run(20, until=["B"])
+    empty = [i for i, st_ in enumerate(driver.steps[first:]) if not st_.num_scheduled_tokens]
+    assert "B" in driver.finished, f"stall: B never ran; steps {empty} scheduled nothing"
+    # B's first step prefills past the whole-block hit (16), alone.
+    assert driver.steps[first].num_scheduled_tokens == {"B": 5}
+    assert driver.steps[first].num_computed_before == {"B": 16}
+    assert driver.oracle is not None and not driver.oracle.violations
