@@ -38,8 +38,13 @@ PACKAGE = "bubblewrap"
 # bind does not close: connect() needs no write to the file system.
 HIDDEN = ("/run", "/var/run", "/home", "/root")
 
-# The probe: what the cage needs of the kernel (user and other namespaces), run once per bwrap.
-PROBE = ("--ro-bind", "/", "/", "--unshare-all", "--die-with-parent", "true")
+# The probe: what the cage needs of the kernel, with the cage's own kinds of mount (a fresh
+# /dev and /proc, tmpfs mounts, a read-only remount) and namespaces, run once per bwrap: a
+# container may allow user namespaces and still refuse a new /proc.
+PROBE = (
+    "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--tmpfs", "/run",
+    "--remount-ro", "/run", "--unshare-all", "--cap-drop", "ALL", "--die-with-parent", "true",
+)  # fmt: skip
 APPARMOR_USERNS = Path("/proc/sys/kernel/apparmor_restrict_unprivileged_userns")
 
 
@@ -59,9 +64,9 @@ def bwrap() -> str:
 
 @functools.cache
 def _probe(binary: str) -> None:
-    """``bwrap --ro-bind / / --unshare-all --die-with-parent true`` runs, or the refusal (not
-    cached: a machine fixed meanwhile is probed again). A kernel or AppArmor that keeps bwrap
-    from making user namespaces would otherwise fail each caged run, inside a test."""
+    """``bwrap <PROBE>`` runs, or the refusal. A success is cached, a refusal is not (it
+    raises), so a machine fixed meanwhile is probed again. A kernel, AppArmor or container that
+    keeps bwrap from its namespaces or mounts would otherwise fail each caged run, inside a test."""
     try:
         done = subprocess.run(
             [binary, *PROBE], stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60

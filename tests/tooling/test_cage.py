@@ -82,12 +82,34 @@ def test_a_bwrap_that_cannot_make_its_cage_stops_the_run_naming_the_cause(
         with pytest.raises(ForkError) as refused:
             call()
         said = str(refused.value)
-        assert f"`{stub} --ro-bind / / --unshare-all --die-with-parent true` exited 1" in said
+        assert f"`{stub} {' '.join(cage.PROBE)}` exited 1" in said
         assert "setting up uid map: Permission denied" in said
         assert "sysctl -w kernel.apparmor_restrict_unprivileged_userns=0" in said and "--no-tier" in said
     restricted.write_text("0\n")
     with pytest.raises(ForkError, match=r"needs user namespaces .*--no-tier"):
         cage.bwrap()
+
+
+def test_a_bwrap_that_makes_namespaces_but_no_proc_is_refused_by_the_probe(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A container that allows user namespaces and masks /proc (Docker's default): bwrap then
+    starts a bare namespace and fails each cage at its fresh /proc. The probe makes the cage's
+    own kinds of mount, so it refuses that machine before any tier (review: the probe had
+    `--ro-bind / / --unshare-all` only, which passes there). The bwrap here is a stub on PATH
+    that fails as such a bwrap does when asked for a /proc, and runs the command otherwise."""
+    stub = tmp_path / "bin" / "bwrap"  # a stub of bwrap: no /proc to be had, else the command runs
+    stub.parent.mkdir()
+    stub.write_text(
+        "#!/bin/sh\ncase \" $* \" in *' --proc '*)\n"
+        '  echo "bwrap: Can\'t mount proc on /newroot/proc: Operation not permitted" >&2; exit 1;;\nesac\n'
+        'while [ "$1" != true ]; do shift; done\nexec "$@"\n'
+    )
+    stub.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{stub.parent}{os.pathsep}{os.environ['PATH']}")
+    with pytest.raises(ForkError, match="Can't mount proc on /newroot/proc") as refused:
+        cage.bwrap()
+    assert "--no-tier" in str(refused.value)
 
 
 def test_the_real_bwrap_passes_the_probe() -> None:
