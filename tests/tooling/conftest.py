@@ -13,9 +13,11 @@ import contextvars
 import hashlib
 import http.server
 import io
+import os
 import shutil
 import sys
 import tarfile
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -402,3 +404,17 @@ def sdist_of() -> Callable[..., Path]:
 def publish_release(index_server: SyntheticIndex, tmp_path: Path) -> Callable[[str], None]:
     """Publish one more synthetic release (any version of FILES or REVIEW_FILES)."""
     return lambda version: index_server.publish(make_sdist(version, tmp_path))
+
+
+@pytest.fixture
+def home_folder() -> Iterator[Path]:
+    """A folder of the test's own under ``$HOME``, removed afterwards: the cage hides ``$HOME``
+    (the runner's tokens and keys), and the cage's ``/tmp`` is a tmpfs of its own, so an attack
+    on a file under the host's ``/tmp`` shows nothing about the rest of the file system
+    (review finding 4)."""
+    folder = Path.home() / f".cage-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    folder.mkdir(mode=0o700)
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

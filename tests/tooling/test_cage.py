@@ -8,7 +8,6 @@ import os
 import shutil
 import subprocess
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,39 +16,28 @@ from vllm_rbln_fork import cage
 from vllm_rbln_fork.errors import ForkError
 
 
-@pytest.fixture
-def in_home() -> Iterator[Path]:
-    """A folder of the test's own under ``$HOME`` (which the cage hides), removed afterwards."""
-    folder = Path.home() / f".cage-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    folder.mkdir(mode=0o700)
-    try:
-        yield folder
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
-
-
 def _in_cage(script: str, **given: list[Path]) -> subprocess.CompletedProcess[str]:
     argv = cage.caged(["sh", "-c", script], cwd=Path("/"), env={"PATH": "/usr/bin:/bin"}, **given)
     return subprocess.run(argv, capture_output=True, text=True, timeout=60)
 
 
-def test_the_cage_shows_of_home_only_the_folders_it_is_given_and_those_read_only(in_home: Path) -> None:
+def test_the_cage_shows_of_home_only_the_folders_it_is_given_and_those_read_only(home_folder: Path) -> None:
     """$HOME is hidden; a folder under it given as ``readable`` is seen, read-only; a folder
     given as ``writable`` inside that one is writable (the binds go parents first); beside
     them, nothing of $HOME is seen, and nothing can be written in it."""
-    (in_home / "token").write_text("kept-52\n")
-    given, inner = in_home / "given", in_home / "given" / "inner"
+    (home_folder / "token").write_text("kept-52\n")
+    given, inner = home_folder / "given", home_folder / "given" / "inner"
     inner.mkdir(parents=True)
     (given / "seen").write_text("seen-52\n")
     done = _in_cage(
-        f"cat {given}/seen; cat {in_home}/token; echo x > {given}/new; echo y > {inner}/made; "
-        f"echo z > {in_home}/new; ls -A {Path.home()} | grep -c cage-test; true",
+        f"cat {given}/seen; cat {home_folder}/token; echo x > {given}/new; echo y > {inner}/made; "
+        f"echo z > {home_folder}/new; ls -A {Path.home()} | grep -c cage-test; true",
         readable=[given],
         writable=[inner],
     )
     assert "seen-52" in done.stdout and "kept-52" not in done.stdout, done
     assert (inner / "made").read_text() == "y\n"
-    assert not (given / "new").exists() and not (in_home / "new").exists()
+    assert not (given / "new").exists() and not (home_folder / "new").exists()
     assert "Read-only file system" in done.stderr, done.stderr
     assert done.stdout.splitlines()[-1] == "1"  # of $HOME only the folder holding the given ones
 

@@ -16,9 +16,8 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -488,24 +487,11 @@ sys.exit(int((here / "STATUS").read_text()))
 
 
 @pytest.fixture
-def outside() -> Iterator[Path]:
-    """A folder of the test's own under ``$HOME``, removed afterwards: the cage's ``/tmp`` is a
-    tmpfs of its own, so an attack on a file under the host's ``/tmp`` shows nothing about the
-    rest of the file system (review finding 4); ``$HOME`` holds the runner's tokens and keys."""
-    folder = Path.home() / f".cage-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    folder.mkdir(mode=0o700)
-    try:
-        yield folder
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
-
-
-@pytest.fixture
-def hostile_tier(repo_fork: Any, outside: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def hostile_tier(repo_fork: Any, home_folder: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The fork with a build.py whose ``test`` plays the unreviewed release, and a user cache
-    (``XDG_CACHE_HOME``) and step-outputs file of the test's own, under ``$HOME`` (``outside``,
+    (``XDG_CACHE_HOME``) and step-outputs file of the test's own, under ``$HOME`` (``home_folder``,
     not ``/tmp``); its STATUS file is the tier's exit."""
-    tmp_path = outside
+    tmp_path = home_folder
     root = repo_fork.project.root
     (root / "build.py").write_text(HOSTILE_BUILD_PY)
     (root / "STATUS").write_text("0")
@@ -626,7 +612,7 @@ def _run_socket_folder() -> Path:
 def test_the_caged_release_reaches_no_secret_output_cache_patch_or_lasting_process(
     repo_fork: Any,
     hostile_tier: Path,
-    outside: Path,
+    home_folder: Path,
     attack: str,
     monkeypatch: pytest.MonkeyPatch,
     capfd: pytest.CaptureFixture[str],
@@ -646,16 +632,16 @@ def test_the_caged_release_reaches_no_secret_output_cache_patch_or_lasting_proce
     monkeypatch.setenv("WATCH_SECRET_52", secret)
     shared = sorted((root / "patches").glob("*.patch"))[0]
     token = f"left-running-{os.getpid()}-{attack}"
-    kept = outside / "runner-token"  # 0600, as the runner's credentials are
+    kept = home_folder / "runner-token"  # 0600, as the runner's credentials are
     kept.write_text("token-kept-in-home-52\n")
     kept.chmod(0o600)
-    work = PROJECT_ROOT / "work" / outside.name  # the project's work dir: outside /tmp and $HOME
+    work = PROJECT_ROOT / "work" / home_folder.name  # the project's work dir: outside /tmp and $HOME
     work.mkdir(parents=True)
     (work / "notes").write_text("")
     served = None
     if attack in ("home-socket", "run-socket"):
-        folder = outside if attack == "home-socket" else _run_socket_folder()
-        served = _Served(folder / f"{outside.name}.sock")
+        folder = home_folder if attack == "home-socket" else _run_socket_folder()
+        served = _Served(folder / f"{home_folder.name}.sock")
     target = {
         "environ": "environ WATCH_SECRET_52",
         "github-output": f"append {os.environ['GITHUB_OUTPUT']}",
